@@ -1,0 +1,160 @@
+"""Stitch training speed: stitchlab against hook-based stitching, same batches, same run.
+
+Baseline (what released stitching code does): every step runs the full front network from
+the image (a forward hook grabs the activation at the point), the full back network from
+the image with a hook that overwrites its activation at the point with the stitch output,
+and a separate reference copy of the back network for the targets.
+
+stitchlab: front activations and back targets are computed once (cache); every step runs
+only the stitch layer and the back suffix.
+
+Also: DM in closed form against 30 epochs of Adam (stitchlab's own cached loop).
+
+    python benchmarks/stitch_training.py [--width 16] [--n 2560] [--objective slm]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import time
+
+import torch
+
+import stitchlab as sl
+from stitchlab import models
+from stitchlab.data import shapes
+from stitchlab.objectives import StitchOutputs, make_objective
+
+
+def hook_baseline_epoch(
+    front_model, back_model, point, layer, x, y, objective, batch_size, seed, later
+):
+    """One epoch of hook-based stitching; returns (seconds, step losses)."""
+    front_model = copy.deepcopy(front_model).eval().requires_grad_(False)
+    back_model = copy.deepcopy(back_model).eval().requires_grad_(False)
+    reference = copy.deepcopy(back_model)
+    layer = copy.deepcopy(layer)
+    opt = torch.optim.Adam(layer.parameters(), lr=1e-3, weight_decay=1e-4)
+    obj = make_objective(objective).bind(point, later)
+    grabbed, back_acts, ref_acts = {}, {}, {}
+    front_model.get_submodule(point).register_forward_hook(
+        lambda m, i, o: grabbed.__setitem__("a", o)
+    )
+
+    def overwrite(m, i, o):
+        z = layer(grabbed["a"])
+        back_acts[point] = z
+        return z
+
+    back_model.get_submodule(point).register_forward_hook(overwrite)
+    for p in later:
+        back_model.get_submodule(p).register_forward_hook(
+            lambda m, i, o, p=p: back_acts.__setitem__(p, o)
+        )
+    for p in [point, *later]:
+        reference.get_submodule(p).register_forward_hook(
+            lambda m, i, o, p=p: ref_acts.__setitem__(p, o)
+        )
+    gen = torch.Generator().manual_seed(seed)
+    perm = torch.randperm(len(x), generator=gen)
+    losses = []
+    start = time.perf_counter()
+    for i in range(0, len(x), batch_size):
+        idx = perm[i : i + batch_size]
+        xb, yb = x[idx], y[idx]
+        with torch.no_grad():
+            front_model(xb)  # the whole front network runs
+            ref_logits = reference(xb)
+        logits = back_model(xb)  # the whole back network runs, its prefix wasted
+        out = StitchOutputs(logits, dict(back_acts))
+        tgt = {"labels": yb, "logits": ref_logits, **{k: v for k, v in ref_acts.items()}}
+        loss = obj(out, tgt)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        losses.append(float(loss.detach()))
+    return time.perf_counter() - start, losses
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--width", type=int, default=16)
+    ap.add_argument("--n", type=int, default=2560, help="stitching images")
+    ap.add_argument("--objective", default="slm")
+    ap.add_argument("--epochs", type=int, default=3, help="stitchlab epochs (steady state)")
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    back = models.create("resnet18", width=args.width).eval()
+    torch.manual_seed(1)
+    front = models.create("resnet18", width=args.width).eval()
+    x, y = shapes(args.n, seed=0)
+    points = sl.stitch_points(back)
+    print(
+        f"ResNet-18 width {args.width}, {args.n} images, batch 128, objective "
+        f"{args.objective}, {args.threads} threads"
+    )
+    print(
+        "| point | baseline epoch s | stitchlab cache s | stitchlab epoch s | "
+        "ratio per epoch | ratio 1st epoch incl. cache | ratio 30 epochs | max loss diff |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+    for k in (1, 5, 9):
+        point = points[k - 1]
+        later = sl.later_points(back, point)
+        ours = sl.stitch(
+            front,
+            back,
+            point,
+            (x, y),
+            objective=args.objective,
+            epochs=args.epochs,
+            cache=True,
+            seed=0,
+            lr=1e-3,
+        )
+        init = sl.stitch(front, back, point, (x, y), objective=args.objective, epochs=0)
+        base_s, base_losses = hook_baseline_epoch(
+            front, back, point, init.stitch_layer, x, y, args.objective, 128, 0, later
+        )
+        steps = len(base_losses)
+        epoch_s = ours.timings["train"] / args.epochs
+        cache_s = ours.timings["cache"]
+        diff = max(abs(a - b) for a, b in zip(base_losses, ours.step_losses[:steps]))
+        print(
+            f"| {k} ({point}) | {base_s:.2f} | {cache_s:.2f} | {epoch_s:.2f} | "
+            f"{base_s / epoch_s:.1f}x | {base_s / (cache_s + epoch_s):.1f}x | "
+            f"{30 * base_s / (cache_s + 30 * epoch_s):.1f}x | {diff:.1e} |",
+            flush=True,
+        )
+
+    # DM: closed form against 30 epochs of Adam (cached, and streamed as without a cache)
+    point = points[4]
+    with torch.no_grad():
+        target = sl.split(back, point)[0](x)
+
+    def dm_loss(s):
+        with torch.no_grad():
+            return float(sl.objectives.relative_error(s.stitch_layer(s.front(x)), target))
+
+    runs = {}
+    for name, kw in {
+        "closed form": dict(solver="closed_form"),
+        "Adam 30 epochs, cached": dict(epochs=30, cache=True),
+        "Adam 30 epochs, streamed": dict(epochs=30, cache=False),
+    }.items():
+        t0 = time.perf_counter()
+        s = sl.stitch(front, back, point, (x, y), objective="dm", **kw)
+        runs[name] = (time.perf_counter() - t0, dm_loss(s))
+    closed_s, closed_loss = runs["closed form"]
+    print(f"\nDM at {point} over the {args.n} stitching images:")
+    print("| solver | seconds | DM loss | time / closed form |")
+    print("|---|---|---|---|")
+    for name, (sec, loss) in runs.items():
+        print(f"| {name} | {sec:.2f} | {loss:.5f} | {sec / closed_s:.1f}x |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,53 @@
+"""stitchlab: functional similarity of neural networks by (invariance-aware) model stitching.
+
+The public API::
+
+    stitch_points(model)                -> ordered cut points
+    split(model, point)                 -> (front, back) with back(front(x)) == model(x)
+    stitch(front, back, point, data)    -> trained StitchedModel
+    evaluate(stitched, test_data, ref)  -> scores (agreement, accuracy, ...)
+    agreement(logits_a, logits_b)       -> agreement probability in percent
+"""
+
+from .fit import StitchedModel, TrainingConfig, evaluate, stitch
+from .layers import ActivationSpec, StitchLayer, StitchShapeError
+from .metrics import (
+    accuracy,
+    agreement,
+    chance_normalized,
+    error_consistency,
+    excess_agreement,
+    hard_agreement,
+    layer_average,
+)
+from .objectives import DM, HLM, SLM, FuLA, Objective
+from .split import SplitError, later_points, split, stitch_points, tap_model
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "stitch_points",
+    "split",
+    "later_points",
+    "tap_model",
+    "stitch",
+    "evaluate",
+    "agreement",
+    "accuracy",
+    "hard_agreement",
+    "error_consistency",
+    "chance_normalized",
+    "excess_agreement",
+    "layer_average",
+    "StitchedModel",
+    "TrainingConfig",
+    "StitchLayer",
+    "ActivationSpec",
+    "Objective",
+    "HLM",
+    "SLM",
+    "DM",
+    "FuLA",
+    "SplitError",
+    "StitchShapeError",
+]

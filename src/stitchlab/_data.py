@@ -1,0 +1,117 @@
+"""Turning what users pass as data into a Dataset of ``(image, label)`` pairs."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+from torch import Tensor
+from torch.utils.data import DataLoader, Dataset, TensorDataset
+
+__all__ = ["as_dataset", "is_deterministic", "loader", "predict", "DataLike"]
+
+DataLike = Dataset | DataLoader | tuple[Tensor, Tensor] | list
+
+
+def as_dataset(data: DataLike, what: str = "data") -> tuple[Dataset, int | None]:
+    """``(dataset, batch size of a given DataLoader or None)``; checks the first item."""
+    batch_size = None
+    if isinstance(data, DataLoader):
+        batch_size = data.batch_size
+        data = data.dataset
+    if (
+        isinstance(data, (tuple, list))
+        and len(data) == 2
+        and all(isinstance(t, Tensor) for t in data)
+    ):
+        images, labels = data
+        if images.dim() < 2 or labels.dim() != 1 or len(images) != len(labels):
+            raise ValueError(
+                f"{what}: expected (images (N, ...), labels (N,)), got shapes "
+                f"{tuple(images.shape)} and {tuple(labels.shape)}."
+            )
+        if not images.is_floating_point():
+            raise ValueError(
+                f"{what}: images must be floating point (e.g. in [0, 1]); got {images.dtype}. "
+                "Convert uint8 images with images.float() / 255."
+            )
+        data = TensorDataset(images, labels.long())
+    if not isinstance(data, Dataset):
+        raise TypeError(
+            f"{what}: expected a Dataset, a DataLoader or a pair of tensors (images, labels); "
+            f"got {type(data).__name__}."
+        )
+    try:
+        n = len(data)  # type: ignore[arg-type]
+    except TypeError as exc:
+        raise TypeError(f"{what}: the dataset must have a length (map-style Dataset).") from exc
+    if n == 0:
+        raise ValueError(f"{what}: the dataset is empty.")
+    first = data[0]
+    if not (isinstance(first, (tuple, list)) and len(first) >= 2 and isinstance(first[0], Tensor)):
+        raise ValueError(
+            f"{what}: each item must be an (image tensor, label) pair; got {type(first).__name__}."
+        )
+    return data, batch_size
+
+
+def is_deterministic(dataset: Dataset) -> bool:
+    """False when reading the same items twice differs (random augmentation)."""
+    if isinstance(dataset, TensorDataset):
+        return True
+    n = len(dataset)  # type: ignore[arg-type]
+    for i in sorted({0, n // 2, n - 1}):
+        a, b = dataset[i][0], dataset[i][0]
+        if a.shape != b.shape or not torch.equal(a, b):
+            return False
+    return True
+
+
+def loader(
+    dataset: Dataset,
+    batch_size: int,
+    *,
+    shuffle: bool = False,
+    seed: int = 0,
+    num_workers: int = 0,
+) -> DataLoader:
+    """A DataLoader with a seeded shuffle."""
+    gen = torch.Generator().manual_seed(seed) if shuffle else None
+    return DataLoader(
+        dataset,
+        batch_size=batch_size,
+        shuffle=shuffle,
+        generator=gen,
+        num_workers=num_workers,
+    )
+
+
+def batches(
+    dataset: Dataset, batch_size: int, device: torch.device, num_workers: int = 0
+) -> Iterator[tuple[Tensor, Tensor]]:
+    """Ordered ``(images, labels)`` batches on ``device``."""
+    for x, y, *_ in loader(dataset, batch_size, num_workers=num_workers):
+        yield x.to(device, non_blocking=True), torch.as_tensor(y).to(device)
+
+
+@torch.inference_mode()
+def predict(
+    model: torch.nn.Module, data: DataLike, *, batch_size: int = 256, device=None
+) -> tuple[Tensor, Tensor]:
+    """``(logits, labels)`` of ``model`` over ``data``, in the model's current mode."""
+    dataset, _ = as_dataset(data)
+    if device is None:
+        device = _module_device(model)
+    outs, labels = [], []
+    for x, y in batches(dataset, batch_size, device):
+        outs.append(model(x).float().cpu())
+        labels.append(y.cpu())
+    return torch.cat(outs), torch.cat(labels)
+
+
+def _module_device(model: torch.nn.Module) -> torch.device:
+    for p in model.parameters():
+        return p.device
+    for b in model.buffers():
+        return b.device
+    return torch.device("cpu")

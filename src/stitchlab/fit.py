@@ -1,0 +1,515 @@
+"""Training a stitch: the one loop, over cached or streamed frozen activations.
+
+``stitch(front_model, back_model, point, data, objective=...)`` copies and freezes both
+networks, cuts them at ``point`` (and ``back_point``), builds the stitch layer from the
+activation shapes, initialises it by least squares on real images, and trains it.
+
+When the data has no random augmentation and everything the objective needs fits the
+memory budget, the front's activations and the back model's targets are computed once;
+every step then runs only the stitch layer and the back suffix (DM: only the layer).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import math
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import Tensor, nn
+from torch.utils.data import Dataset
+
+from . import metrics
+from ._data import DataLike, _module_device, as_dataset, batches, is_deterministic
+from .layers import ActivationSpec, StitchLayer, fit_least_squares
+from .objectives import Objective, StitchOutputs, make_objective
+from .split import split, tap_model
+
+__all__ = ["StitchedModel", "TrainingConfig", "stitch", "evaluate", "ActivationCache"]
+
+
+@dataclass
+class TrainingConfig:
+    """Stitch-training settings; defaults are PROTOCOL section 5."""
+
+    epochs: int = 30
+    batch_size: int | None = None  # None: the DataLoader's, else 128
+    lr: float = 1e-3
+    weight_decay: float = 1e-4
+    milestones: tuple[float, ...] = (1 / 3, 2 / 3)  # fractions of training, lr x gamma
+    gamma: float = 0.1
+    init: Literal["least_squares", "identity", "random"] = "least_squares"
+    init_samples: int = 500
+    ridge: float = 0.0
+    solver: Literal["adam", "closed_form"] = "adam"
+    frozen_mode: Literal["eval", "train"] = "eval"
+    cache: Literal["auto"] | bool = "auto"
+    cache_budget_bytes: int = 2 * 1024**3
+    seed: int = 0
+    device: str | torch.device | None = None
+    num_workers: int = 0
+    progress: bool = False
+
+    def validate(self) -> None:
+        """Raise a ValueError naming the first bad setting."""
+        if self.epochs < 0:
+            raise ValueError(f"epochs must be >= 0, got {self.epochs}")
+        if self.batch_size is not None and self.batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
+        if self.init not in ("least_squares", "identity", "random"):
+            raise ValueError(
+                f"init must be 'least_squares', 'identity' or 'random', got {self.init!r}"
+            )
+        if self.solver not in ("adam", "closed_form"):
+            raise ValueError(f"solver must be 'adam' or 'closed_form', got {self.solver!r}")
+        if self.frozen_mode not in ("eval", "train"):
+            raise ValueError(f"frozen_mode must be 'eval' or 'train', got {self.frozen_mode!r}")
+        if self.cache not in ("auto", True, False):
+            raise ValueError(f"cache must be 'auto', True or False, got {self.cache!r}")
+        if self.init_samples < 1:
+            raise ValueError(f"init_samples must be >= 1, got {self.init_samples}")
+
+    @classmethod
+    def from_kwargs(cls, **kwargs) -> TrainingConfig:
+        """Build from keyword arguments; an unknown one is an error that lists the valid."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(kwargs) - names)
+        if unknown:
+            raise TypeError(f"Unknown training option(s) {unknown}; valid options: {sorted(names)}")
+        cfg = cls(**kwargs)
+        cfg.validate()
+        return cfg
+
+
+def _freeze(model: nn.Module) -> nn.Module:
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return model
+
+
+def _prefix_tokens(model: nn.Module) -> int | None:
+    n = getattr(model, "num_prefix_tokens", None)
+    return int(n) if isinstance(n, int) else None
+
+
+class StitchedModel(nn.Module):
+    """``back_{>j}(stitch_layer(front_{<=i}(x)))``: images in, logits out.
+
+    ``stitch_layer`` is the only trainable part. ``history`` holds the mean training loss
+    per epoch, ``init_residual`` the normalised least-squares residual of the
+    initialisation (None without one).
+    """
+
+    def __init__(
+        self,
+        front: nn.Module,
+        stitch_layer: StitchLayer,
+        back: nn.Module,
+        point: str,
+        back_point: str,
+        later_points: Sequence[str],
+        frozen_mode: str = "eval",
+    ) -> None:
+        super().__init__()
+        self.front = front
+        self.stitch_layer = stitch_layer
+        self.back = back  # returns (logits, {later point: activation})
+        self.point = point
+        self.back_point = back_point
+        self.later_points = list(later_points)
+        self.frozen_mode = frozen_mode
+        self.init_residual: float | None = None
+        self.history: list[float] = []  # mean loss per epoch
+        self.step_losses: list[float] = []  # loss of every step
+        self.cache_used: bool | None = None  # None when not trained
+        self.timings: dict[str, float] = {}  # seconds: init, cache, train
+        self.objective: str | None = None
+
+    def forward(self, x: Tensor) -> Tensor:  # noqa: D102
+        return self.from_activation(self.front(x)).logits  # type: ignore[return-value]
+
+    def from_activation(self, a: Tensor, *, need_logits: bool = True) -> StitchOutputs:
+        """Run the stitch layer (and the back suffix when needed) on a front activation."""
+        z = self.stitch_layer(a)
+        if not need_logits:
+            return StitchOutputs(None, {self.back_point: z})
+        out = self.back(z)
+        logits, later = out if isinstance(out, tuple) else (out, {})
+        return StitchOutputs(logits, {self.back_point: z, **later})
+
+    def train(self, mode: bool = True) -> StitchedModel:
+        """Train mode affects the stitch layer; the frozen networks follow ``frozen_mode``."""
+        super().train(mode)
+        frozen_train = mode and self.frozen_mode == "train"
+        self.front.train(frozen_train)
+        self.back.train(frozen_train)
+        return self
+
+
+# ---------------------------------------------------------------------------
+# Targets and cache
+
+
+class _Targets:
+    """Computes, from images, what an objective compares against (back model on x)."""
+
+    def __init__(self, back_model: nn.Module, back_point: str, objective: Objective) -> None:
+        keys = objective.target_keys
+        self.keys = keys
+        self.act_keys = [k for k in keys if k not in ("labels", "logits")]
+        self.needs_logits = "logits" in keys
+        self.model: nn.Module | None = None
+        if (
+            self.needs_logits
+            or len(self.act_keys) > 1
+            or (self.act_keys and self.act_keys != [back_point])
+        ):
+            self.model = tap_model(back_model, self.act_keys) if self.act_keys else back_model
+        elif self.act_keys:  # only the stitch point: the back model's prefix is enough
+            self.model, _ = split(back_model, back_point)
+            self._only = back_point
+
+    @torch.no_grad()
+    def __call__(self, x: Tensor, y: Tensor) -> dict[str, Tensor]:
+        out: dict[str, Tensor] = {}
+        if "labels" in self.keys:
+            out["labels"] = y
+        if self.model is None:
+            return out
+        res = self.model(x)
+        if isinstance(res, tuple):
+            logits, acts = res
+            if self.needs_logits:
+                out["logits"] = logits
+            out.update({k: acts[k] for k in self.act_keys})
+        elif self.needs_logits and not self.act_keys:
+            out["logits"] = res
+        else:
+            out[self._only] = res
+        return out
+
+
+class ActivationCache:
+    """Front activations and back targets for a whole data set, held in memory."""
+
+    def __init__(self, activations: Tensor, targets: dict[str, Tensor]) -> None:
+        self.activations = activations
+        self.targets = targets
+
+    def __len__(self) -> int:
+        return self.activations.shape[0]
+
+    @property
+    def nbytes(self) -> int:
+        """Memory held by the cache."""
+        tensors = [self.activations, *self.targets.values()]
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+    @classmethod
+    @torch.no_grad()
+    def build(
+        cls,
+        front: nn.Module,
+        targets: _Targets,
+        dataset: Dataset,
+        device: torch.device,
+        batch_size: int = 256,
+        num_workers: int = 0,
+    ) -> ActivationCache:
+        acts: list[Tensor] = []
+        tgts: dict[str, list[Tensor]] = {}
+        for x, y in batches(dataset, batch_size, device, num_workers):
+            acts.append(front(x))
+            for k, v in targets(x, y).items():
+                tgts.setdefault(k, []).append(v)
+        return cls(torch.cat(acts), {k: torch.cat(v) for k, v in tgts.items()})
+
+    def batches(self, batch_size: int, generator: torch.Generator) -> Iterator[tuple]:
+        """Shuffled ``(activations, targets)`` batches for one epoch."""
+        perm = torch.randperm(len(self), generator=generator)
+        for i in range(0, len(self), batch_size):
+            idx = perm[i : i + batch_size]
+            yield self.activations[idx], {k: v[idx] for k, v in self.targets.items()}
+
+
+class _EpochBatches(torch.utils.data.Sampler):
+    """Index batches of a fresh seeded permutation each epoch (as the cache draws them)."""
+
+    def __init__(self, n: int, batch_size: int, generator: torch.Generator) -> None:
+        self.n, self.batch_size, self.generator = n, batch_size, generator
+
+    def __iter__(self):
+        perm = torch.randperm(self.n, generator=self.generator).tolist()
+        for i in range(0, self.n, self.batch_size):
+            yield perm[i : i + self.batch_size]
+
+    def __len__(self) -> int:
+        return math.ceil(self.n / self.batch_size)
+
+
+def _bytes_per_sample(a: Tensor, t: dict[str, Tensor]) -> int:
+    return sum(v[0].numel() * v.element_size() for v in [a, *t.values()])
+
+
+# ---------------------------------------------------------------------------
+# Initialisation and training
+
+
+def _init_subset(dataset: Dataset, n: int, seed: int) -> Dataset:
+    total = len(dataset)  # type: ignore[arg-type]
+    if n >= total:
+        return dataset
+    idx = torch.randperm(total, generator=torch.Generator().manual_seed(seed))[:n]
+    return torch.utils.data.Subset(dataset, idx.tolist())
+
+
+def _activation_pairs(
+    front: nn.Module, back_prefix: nn.Module, dataset: Dataset, device, batch_size: int
+) -> Iterator[tuple[Tensor, Tensor]]:
+    with torch.no_grad():
+        for x, _ in batches(dataset, batch_size, device):
+            yield front(x), back_prefix(x)
+
+
+def _train_loop(
+    stitched: StitchedModel,
+    objective: Objective,
+    epoch_batches: Callable[[int], Iterator[tuple[Tensor, dict[str, Tensor]]]],
+    steps_per_epoch: int,
+    cfg: TrainingConfig,
+) -> list[float]:
+    params = [p for p in stitched.stitch_layer.parameters()]
+    opt = torch.optim.Adam(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    total = max(cfg.epochs * steps_per_epoch, 1)
+    milestones = sorted({max(1, int(round(f * total))) for f in cfg.milestones})
+    sched = torch.optim.lr_scheduler.MultiStepLR(opt, milestones=milestones, gamma=cfg.gamma)
+    history: list[float] = []
+    stitched.step_losses = []
+    bar = _progress(cfg, cfg.epochs * steps_per_epoch, f"stitch {objective.name}")
+    stitched.train()
+    for epoch in range(cfg.epochs):
+        running, count = 0.0, 0
+        for a, tgt in epoch_batches(epoch):
+            out = stitched.from_activation(a, need_logits=objective.needs_back)
+            loss = objective(out, tgt)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            sched.step()
+            value = float(loss.detach())
+            stitched.step_losses.append(value)
+            running += value * a.shape[0]
+            count += a.shape[0]
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix(loss=f"{float(loss):.4f}")
+        history.append(running / max(count, 1))
+    if bar is not None:
+        bar.close()
+    stitched.eval()
+    return history
+
+
+def _progress(cfg: TrainingConfig, total: int, desc: str):
+    if not cfg.progress:
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=desc, leave=False)
+
+
+def stitch(
+    front_model: nn.Module,
+    back_model: nn.Module,
+    point: str,
+    data: DataLike,
+    objective: str | Objective = "slm",
+    back_point: str | None = None,
+    *,
+    init_data: DataLike | None = None,
+    temperature: float = 1.0,
+    fula_points: Sequence[str] | None = None,
+    fula_weights: Sequence[float] | None = None,
+    **training,
+) -> StitchedModel:
+    """Train a stitch from ``front_model`` at ``point`` into ``back_model`` at ``back_point``.
+
+    Args:
+        front_model: the trained classifier whose early layers are kept (not modified:
+            a frozen copy is used).
+        back_model: the trained classifier whose late layers are kept (likewise).
+        point: stitch point of the front (see :func:`stitch_points`).
+        data: stitching data: a Dataset, a DataLoader, or ``(images, labels)`` tensors.
+        objective: ``"hlm"``, ``"slm"``, ``"dm"``, ``"fula"`` or an :class:`Objective`.
+        back_point: stitch point of the back model (default: ``point``).
+        init_data: real images for the least-squares initialisation (default: ``data``).
+        temperature: SLM temperature.
+        fula_points: FuLA's later back-model points (default: every later stitch point).
+        fula_weights: FuLA's weights, stitch point first (default: uniform).
+        **training: any :class:`TrainingConfig` field (epochs, lr, batch_size, solver,
+            init, cache, frozen_mode, seed, device, ...).
+
+    Returns:
+        The trained :class:`StitchedModel`, in eval mode.
+    """
+    cfg = TrainingConfig.from_kwargs(**training)
+    back_point = point if back_point is None else back_point
+    options = {}
+    name = objective.name if isinstance(objective, Objective) else str(objective).lower()
+    if name == "slm":
+        options = {"temperature": temperature}
+    elif name == "fula":
+        options = {"points": fula_points, "weights": fula_weights}
+    obj = make_objective(objective, **options)
+    if cfg.solver == "closed_form" and obj.name != "dm":
+        raise ValueError("solver='closed_form' exists only for objective='dm'.")
+    dataset, loader_bs = as_dataset(data, "data")
+    init_set = dataset if init_data is None else as_dataset(init_data, "init_data")[0]
+    batch_size = cfg.batch_size or loader_bs or 128
+    device = torch.device(cfg.device) if cfg.device is not None else _module_device(front_model)
+
+    # frozen copies: the caller's models keep their weights, modes and grad flags
+    front_model = _freeze(copy.deepcopy(front_model)).to(device)
+    back_model = _freeze(back_model if back_model is front_model else copy.deepcopy(back_model))
+    back_model = back_model.to(device)
+    frozen_train = cfg.frozen_mode == "train"
+    front_model.train(frozen_train)
+    back_model.train(frozen_train)
+
+    front, _ = split(front_model, point)
+    back_prefix, back = split(back_model, back_point, taps="later")
+    later = list(back.tap_names)
+    obj.bind(back_point, later)
+    targets = _Targets(back_model, back_point, obj)
+
+    torch.manual_seed(cfg.seed)
+    with torch.no_grad():
+        x0 = torch.stack([dataset[i][0] for i in range(min(2, len(dataset)))]).to(device)
+        a0, z0 = front(x0), back_prefix(x0)
+    src = ActivationSpec.of(a0, _prefix_tokens(front_model))
+    dst = ActivationSpec.of(z0, _prefix_tokens(back_model))
+    layer = StitchLayer(src, dst).to(device)
+    stitched = StitchedModel(front, layer, back, point, back_point, later, cfg.frozen_mode)
+    stitched.objective = obj.name
+
+    if cfg.init == "identity":
+        layer.init_identity()
+    elif cfg.init == "least_squares" or cfg.solver == "closed_form":
+        # closed-form DM: the least-squares optimum over the whole stitching set
+        subset = (
+            dataset
+            if cfg.solver == "closed_form"
+            else _init_subset(init_set, cfg.init_samples, cfg.seed)
+        )
+        t0 = time.perf_counter()
+        pairs = _activation_pairs(front, back_prefix, subset, device, 256)
+        stitched.init_residual = fit_least_squares(layer, pairs, ridge=cfg.ridge)
+        stitched.timings["init"] = time.perf_counter() - t0
+    if cfg.solver == "closed_form":
+        stitched.history = [float(stitched.init_residual or 0.0)]
+        return stitched.eval()
+    if cfg.epochs == 0:
+        return stitched.eval()
+
+    t0 = time.perf_counter()
+    cache = _make_cache(front, targets, dataset, device, batch_size, cfg, a0, x0)
+    stitched.timings["cache"] = time.perf_counter() - t0
+    # one seeded permutation per epoch, whether cached or streamed: same batches either way
+    gen = torch.Generator().manual_seed(cfg.seed)
+    steps = math.ceil(len(dataset) / batch_size)
+    if cache is not None:
+
+        def epoch_batches(epoch: int):
+            return cache.batches(batch_size, gen)
+    else:
+        sampler = _EpochBatches(len(dataset), batch_size, gen)
+        dl = torch.utils.data.DataLoader(
+            dataset, batch_sampler=sampler, num_workers=cfg.num_workers
+        )
+
+        def epoch_batches(epoch: int):
+            for x, y, *_ in dl:
+                x, y = x.to(device), torch.as_tensor(y).to(device)
+                with torch.no_grad():
+                    a = front(x)
+                    t = targets(x, y)
+                yield a, t
+
+    stitched.cache_used = cache is not None
+    t0 = time.perf_counter()
+    stitched.history = _train_loop(stitched, obj, epoch_batches, steps, cfg)
+    stitched.timings["train"] = time.perf_counter() - t0
+    return stitched
+
+
+def _make_cache(front, targets, dataset, device, batch_size, cfg, a0, x0):
+    if cfg.cache is False or cfg.frozen_mode == "train":
+        return None
+    if cfg.cache == "auto" and not is_deterministic(dataset):
+        return None
+    with torch.no_grad():
+        t0 = targets(x0, torch.zeros(x0.shape[0], dtype=torch.long, device=device))
+    need = _bytes_per_sample(a0, t0) * len(dataset)
+    if need > cfg.cache_budget_bytes:
+        if cfg.cache is True:
+            raise MemoryError(
+                f"The activation cache needs {need / 2**30:.2f} GiB, over the budget of "
+                f"{cfg.cache_budget_bytes / 2**30:.2f} GiB; raise cache_budget_bytes or use "
+                "cache='auto' to stream."
+            )
+        return None
+    return ActivationCache.build(
+        front, targets, dataset, device, max(batch_size, 256), cfg.num_workers
+    )
+
+
+# ---------------------------------------------------------------------------
+# Evaluation
+
+
+@torch.inference_mode()
+def evaluate(
+    stitched: nn.Module,
+    test_data: DataLike,
+    reference: nn.Module | Tensor,
+    *,
+    batch_size: int = 256,
+) -> dict[str, float]:
+    """All scores of a stitched model against a reference (usually the back model).
+
+    ``reference`` is a model (run in eval mode) or its logits on ``test_data``. Returns
+    agreement, accuracy, hard agreement, error consistency, chance-normalised agreement
+    and the reference's own accuracy.
+    """
+    from ._data import predict
+
+    was = stitched.training
+    stitched.eval()
+    logits, labels = predict(stitched, test_data, batch_size=batch_size)
+    stitched.train(was)
+    if isinstance(reference, nn.Module):
+        ref_was = reference.training
+        reference.eval()
+        ref_logits, _ = predict(reference, test_data, batch_size=batch_size)
+        reference.train(ref_was)
+    else:
+        ref_logits = reference.detach().float().cpu()
+    if ref_logits.shape != logits.shape:
+        raise ValueError(
+            f"reference logits have shape {tuple(ref_logits.shape)}, the stitched model's "
+            f"{tuple(logits.shape)}: they must be logits on the same test data."
+        )
+    k = logits.shape[1]
+    agree = metrics.agreement(logits, ref_logits)
+    return {
+        "agreement": agree,
+        "agreement_normalized": metrics.chance_normalized(agree, k),
+        "accuracy": metrics.accuracy(logits, labels),
+        "hard_agreement": metrics.hard_agreement(logits, ref_logits),
+        "error_consistency": metrics.error_consistency(logits, ref_logits, labels),
+        "reference_accuracy": metrics.accuracy(ref_logits, labels),
+    }

@@ -1,0 +1,181 @@
+"""One registry, one contract: ``create(name, num_classes=..., **options)``.
+
+Every model built here is a plain torchvision/timm module (so that
+:func:`stitchlab.stitch_points` knows its paper points) or carries a
+``stitchlab_points`` attribute listing its stitch points.
+
+==========================  ================================================  =========
+name                        what                                              points
+==========================  ================================================  =========
+``resnet18``                torchvision ResNet-18; ``stem="cifar"`` (3x3      9
+                            stride-1 conv, no max-pool) or ``"imagenet"``;
+                            ``width`` = channels of the first stage (64)
+``vgg16_bn``                torchvision VGG-16-BN; ``width`` scales every     6
+                            conv (64); ``head="cifar"`` pools to 1x1 and has
+                            one Linear, ``"torchvision"`` the 3-layer head
+``vit_tiny_patch4_32``      timm ViT, 32x32, patch 4, depth 12, heads 3,      13
+                            ``width`` = embedding size (192)
+``vit_base_patch16_224``    timm ViT-Base/16 at 224x224 (768, 12, 12)          7
+``small_cnn``               a 4-block CNN for tests and demos, global pooling  4
+                            after the last block (``width`` = 16)
+==========================  ================================================  =========
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+__all__ = ["create", "register", "list_models", "SmallCNN"]
+
+_REGISTRY: dict[str, Callable[..., nn.Module]] = {}
+
+
+def register(name: str) -> Callable[[Callable[..., nn.Module]], Callable[..., nn.Module]]:
+    """Register a model factory under ``name``."""
+
+    def deco(fn: Callable[..., nn.Module]) -> Callable[..., nn.Module]:
+        if name in _REGISTRY:
+            raise ValueError(f"model {name!r} is already registered")
+        _REGISTRY[name] = fn
+        return fn
+
+    return deco
+
+
+def list_models() -> list[str]:
+    """The registered model names."""
+    return sorted(_REGISTRY)
+
+
+def create(name: str, num_classes: int = 10, **options) -> nn.Module:
+    """Build model ``name`` with random weights (no download, ever)."""
+    if name not in _REGISTRY:
+        close = difflib.get_close_matches(name, list(_REGISTRY), n=1)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        raise KeyError(f"Unknown model {name!r}.{hint} Available: {', '.join(list_models())}")
+    try:
+        model = _REGISTRY[name](num_classes=num_classes, **options)
+    except TypeError as exc:
+        raise TypeError(f"Bad options for model {name!r}: {exc}") from exc
+    model.stitchlab_name = name  # type: ignore[assignment]
+    return model
+
+
+def _init_conv_bn(model: nn.Module) -> None:
+    for m in model.modules():
+        if isinstance(m, nn.Conv2d):
+            nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
+        elif isinstance(m, (nn.BatchNorm2d, nn.GroupNorm)):
+            nn.init.constant_(m.weight, 1)
+            nn.init.constant_(m.bias, 0)
+
+
+@register("resnet18")
+def resnet18(num_classes: int = 10, stem: str = "cifar", width: int = 64) -> nn.Module:
+    """ResNet-18 (torchvision) with a CIFAR or ImageNet stem and a base width."""
+    from torchvision.models.resnet import BasicBlock, ResNet
+
+    if stem not in ("cifar", "imagenet"):
+        raise ValueError(f"stem must be 'cifar' or 'imagenet', got {stem!r}")
+    model = ResNet(BasicBlock, [2, 2, 2, 2], num_classes=num_classes)
+    if stem == "cifar" or width != 64:
+        w = width
+        model.inplanes = w
+        if stem == "cifar":
+            model.conv1 = nn.Conv2d(3, w, 3, 1, 1, bias=False)
+            model.maxpool = nn.Identity()
+        else:
+            model.conv1 = nn.Conv2d(3, w, 7, 2, 3, bias=False)
+        model.bn1 = nn.BatchNorm2d(w)
+        model.layer1 = model._make_layer(BasicBlock, w, 2)
+        model.layer2 = model._make_layer(BasicBlock, 2 * w, 2, stride=2)
+        model.layer3 = model._make_layer(BasicBlock, 4 * w, 2, stride=2)
+        model.layer4 = model._make_layer(BasicBlock, 8 * w, 2, stride=2)
+        model.fc = nn.Linear(8 * w, num_classes)
+        _init_conv_bn(model)
+    return model
+
+
+@register("vgg16_bn")
+def vgg16_bn(num_classes: int = 10, width: int = 64, head: str = "cifar") -> nn.Module:
+    """VGG-16-BN (torchvision); ``width`` scales all convolutions (64 is the original)."""
+    from torchvision.models.vgg import VGG, cfgs, make_layers
+
+    cfg = [c if c == "M" else int(c) * width // 64 for c in cfgs["D"]]
+    model = VGG(make_layers(cfg, batch_norm=True), num_classes=num_classes)
+    if head == "cifar":
+        model.avgpool = nn.AdaptiveAvgPool2d(1)
+        model.classifier = nn.Linear(8 * width, num_classes)
+    elif head != "torchvision":
+        raise ValueError(f"head must be 'cifar' or 'torchvision', got {head!r}")
+    return model
+
+
+def _vit(img_size: int, patch: int, dim: int, depth: int, heads: int, num_classes: int):
+    from timm.models.vision_transformer import VisionTransformer
+
+    if dim % heads:
+        raise ValueError(f"width {dim} must be divisible by the number of heads {heads}")
+    return VisionTransformer(
+        img_size=img_size,
+        patch_size=patch,
+        embed_dim=dim,
+        depth=depth,
+        num_heads=heads,
+        num_classes=num_classes,
+    )
+
+
+@register("vit_tiny_patch4_32")
+def vit_tiny_patch4_32(
+    num_classes: int = 10, width: int = 192, depth: int = 12, heads: int = 3
+) -> nn.Module:
+    """ViT-Tiny/4 for 32x32 images (timm)."""
+    return _vit(32, 4, width, depth, heads, num_classes)
+
+
+@register("vit_base_patch16_224")
+def vit_base_patch16_224(
+    num_classes: int = 100, width: int = 768, depth: int = 12, heads: int = 12
+) -> nn.Module:
+    """ViT-Base/16 for 224x224 images (timm)."""
+    return _vit(224, 16, width, depth, heads, num_classes)
+
+
+class SmallCNN(nn.Module):
+    """Four conv blocks (conv-BN-ReLU, stride 2 from the second), global pooling, Linear.
+
+    Stitch points: ``blocks.0`` .. ``blocks.3`` (32x32 input: 32, 16, 8, 4 pixels).
+    """
+
+    def __init__(self, num_classes: int = 10, width: int = 16, in_channels: int = 3) -> None:
+        super().__init__()
+        chans = [width, 2 * width, 4 * width, 4 * width]
+        blocks, c_in = [], in_channels
+        for i, c in enumerate(chans):
+            blocks.append(
+                nn.Sequential(
+                    nn.Conv2d(c_in, c, 3, stride=1 if i == 0 else 2, padding=1, bias=False),
+                    nn.BatchNorm2d(c),
+                    nn.ReLU(inplace=True),
+                )
+            )
+            c_in = c
+        self.blocks = nn.Sequential(*blocks)
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(c_in, num_classes)
+        self.stitchlab_points = [f"blocks.{i}" for i in range(len(chans))]
+        _init_conv_bn(self)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # noqa: D102
+        return self.fc(torch.flatten(self.pool(self.blocks(x)), 1))
+
+
+@register("small_cnn")
+def small_cnn(num_classes: int = 10, width: int = 16, in_channels: int = 3) -> nn.Module:
+    """The small CNN of tests and demos."""
+    return SmallCNN(num_classes, width, in_channels)

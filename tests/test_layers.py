@@ -1,0 +1,136 @@
+"""Stitch layers and the least-squares solver, with hand-computed answers."""
+
+import pytest
+import torch
+
+from stitchlab.layers import (
+    ActivationSpec,
+    LeastSquares,
+    StitchLayer,
+    StitchShapeError,
+    fit_least_squares,
+)
+
+
+def _toy_fit(lo: float) -> tuple[float, float]:
+    """PROTOCOL section 3: fit g(x) = x from f(x) = 2|x - 0.25| + 2 on [lo, 1]."""
+    x = torch.linspace(lo, 1.0, 100_001, dtype=torch.float64)[:, None]
+    f = 2 * (x - 0.25).abs() + 2
+    layer = StitchLayer(ActivationSpec("vector", (1,)), ActivationSpec("vector", (1,)))
+    fit_least_squares(layer, [(f, x)])
+    return float(layer.main.weight), float(layer.main.bias)
+
+
+def test_toy_forward_only_fit():
+    w, b = _toy_fit(0.25)
+    assert w == pytest.approx(0.5, abs=1e-6) and b == pytest.approx(-0.75, abs=1e-6)
+
+
+def test_toy_forward_backward_fit():
+    w, b = _toy_fit(0.0)
+    assert w == pytest.approx(0.59, abs=0.005) and b == pytest.approx(-1.06, abs=0.005)
+
+
+def test_least_squares_recovers_an_affine_map_and_reports_zero_residual():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(500, 6, generator=g, dtype=torch.float64)
+    w, b = torch.randn(3, 6, generator=g, dtype=torch.float64), torch.randn(3, generator=g)
+    ls = LeastSquares(6, 3)
+    for chunk in range(0, 500, 37):  # streamed in uneven batches
+        ls.add(x[chunk : chunk + 37], x[chunk : chunk + 37] @ w.T + b)
+    w_hat, b_hat, res = ls.solve()
+    torch.testing.assert_close(w_hat, w)
+    torch.testing.assert_close(b_hat, b.double())
+    assert res < 1e-6
+
+
+def test_residual_matches_direct_computation():
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(200, 4, generator=g), torch.randn(200, 2, generator=g)
+    ls = LeastSquares(4, 2)
+    ls.add(x, y)
+    w, b, res = ls.solve()
+    direct = torch.linalg.norm(x.double() @ w.T + b - y.double()) / torch.linalg.norm(y.double())
+    assert res == pytest.approx(float(direct), rel=1e-6)
+
+
+def test_rank_deficient_inputs_are_fine():
+    x = torch.randn(100, 3, dtype=torch.float64)
+    x = torch.cat([x, torch.zeros(100, 2, dtype=torch.float64)], 1)  # two dead channels
+    y = x[:, :3] * 2
+    ls = LeastSquares(5, 3)
+    ls.add(x, y)
+    w, b, res = ls.solve()
+    assert res < 1e-8 and torch.all(w[:, 3:] == 0)
+    w2, _, res2 = ls.solve(ridge=1e-3)
+    assert res2 < 1e-2
+
+
+def _random_affine_conv(a, cout, hw=None):
+    torch.manual_seed(3)
+    w, b = torch.randn(cout, a.shape[1]), torch.randn(cout)
+    if hw is not None:
+        a = torch.nn.functional.interpolate(a, size=hw, mode="bilinear", align_corners=False)
+    return torch.einsum("nchw,oc->nohw", a, w) + b[None, :, None, None]
+
+
+@pytest.mark.parametrize("hw", [(8, 8), (4, 4), (16, 16)])
+def test_conv_to_conv_fits_exactly_with_resize(hw):
+    a = torch.randn(40, 5, 8, 8)
+    z = _random_affine_conv(a, 7, hw)
+    layer = StitchLayer(ActivationSpec.of(a), ActivationSpec.of(z))
+    res = fit_least_squares(layer, [(a[:20], z[:20]), (a[20:], z[20:])])
+    assert res < 1e-4
+    torch.testing.assert_close(layer(a), z, rtol=1e-4, atol=1e-4)
+
+
+def test_tokens_to_tokens_per_token_linear():
+    a = torch.randn(30, 17, 8)  # class token + 4x4 grid
+    lin = torch.nn.Linear(8, 12)
+    z = lin(a).detach()
+    layer = StitchLayer(ActivationSpec.of(a, 1), ActivationSpec.of(z, 1))
+    assert layer.same_tokens and layer.prefix is None
+    assert fit_least_squares(layer, [(a, z)]) < 1e-4
+    torch.testing.assert_close(layer(a), z, rtol=1e-4, atol=1e-4)
+
+
+def test_conv_to_tokens_and_back_shapes():
+    conv = torch.randn(6, 16, 8, 8)
+    tokens = torch.randn(6, 17, 24)
+    c2t = StitchLayer(ActivationSpec.of(conv), ActivationSpec.of(tokens, 1))
+    assert c2t(conv).shape == tokens.shape and c2t.prefix is not None
+    fit_least_squares(c2t, [(conv, tokens)])
+    t2c = StitchLayer(ActivationSpec.of(tokens, 1), ActivationSpec.of(conv))
+    assert t2c(tokens).shape == conv.shape
+    # grid tokens of an exact affine image of the conv map are recovered exactly
+    w = torch.randn(24, 16)
+    grid = torch.einsum("nchw,dc->nhwd", conv, w).reshape(6, 64, 24)
+    target = torch.cat([grid.mean(1, keepdim=True), grid], 1)
+    spec_t = ActivationSpec.of(target, 1)
+    layer = StitchLayer(ActivationSpec.of(conv), spec_t)
+    fit_least_squares(layer, [(conv, target)])
+    torch.testing.assert_close(layer(conv)[:, 1:], grid, rtol=1e-3, atol=1e-3)
+
+
+def test_to_vector_uses_pooled_features():
+    conv = torch.randn(50, 4, 3, 3)
+    z = conv.mean((2, 3)) @ torch.randn(4, 5)
+    layer = StitchLayer(ActivationSpec.of(conv), ActivationSpec.of(z))
+    assert fit_least_squares(layer, [(conv, z)]) < 1e-5
+
+
+def test_unbridgeable_shapes_name_both():
+    with pytest.raises(StitchShapeError, match=r"vector\(64,\).*conv\(8, 4, 4\)"):
+        StitchLayer(ActivationSpec("vector", (64,)), ActivationSpec("conv", (8, 4, 4)))
+    with pytest.raises(StitchShapeError, match="neither"):
+        ActivationSpec.of(torch.zeros(2, 3, 4, 5, 6))
+
+
+def test_identity_init_needs_equal_formats():
+    spec = ActivationSpec("conv", (4, 5, 5))
+    layer = StitchLayer(spec, spec)
+    layer.init_identity()
+    a = torch.randn(2, 4, 5, 5)
+    torch.testing.assert_close(layer(a), a)
+    with pytest.raises(StitchShapeError):
+        StitchLayer(spec, ActivationSpec("conv", (3, 5, 5))).init_identity()

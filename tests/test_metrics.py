@@ -1,0 +1,72 @@
+"""Scores against hand-computed values."""
+
+import math
+
+import pytest
+import torch
+
+import stitchlab as sl
+
+BIG = 100.0  # logits that make a softmax one-hot to float precision
+
+
+def test_agreement_identity_and_hand_values():
+    logits = torch.randn(50, 10)
+    assert sl.agreement(logits, logits) == pytest.approx(100.0)
+    # one-hot against uniform over 2 classes: <p,q> = 0.5, max(|p|^2, |q|^2) = 1
+    assert sl.agreement(torch.tensor([[BIG, 0.0]]), torch.zeros(1, 2)) == pytest.approx(50.0)
+    # disjoint one-hots: 0
+    assert sl.agreement(torch.tensor([[BIG, 0.0]]), torch.tensor([[0.0, BIG]])) == pytest.approx(0)
+    # p = (0.75, 0.25), q = (0.5, 0.5): 0.5 / max(0.625, 0.5) = 0.8
+    p = torch.tensor([[math.log(3.0), 0.0]])
+    assert sl.agreement(p, torch.zeros(1, 2)) == pytest.approx(80.0)
+
+
+def test_agreement_is_symmetric_and_shift_invariant():
+    a, b = torch.randn(20, 5), torch.randn(20, 5)
+    assert sl.agreement(a, b) == pytest.approx(sl.agreement(b, a))
+    assert sl.agreement(a + 3.0, b) == pytest.approx(sl.agreement(a, b))
+
+
+def test_accuracy_hard_agreement_error_consistency():
+    labels = torch.tensor([0, 1, 1, 0])
+    a = torch.tensor([[1.0, 0], [0, 1], [1, 0], [1, 0]])  # correct: T T F T
+    b = torch.tensor([[1.0, 0], [1, 0], [0, 1], [1, 0]])  # correct: T F T T
+    assert sl.accuracy(a, labels) == 75.0
+    assert sl.hard_agreement(a, b) == 50.0
+    # c_obs = 2/4, c_exp = .75*.75 + .25*.25 = .625, kappa = (.5 - .625) / .375 = -1/3
+    assert sl.error_consistency(a, b, labels) == pytest.approx(-1 / 3)
+    assert sl.error_consistency(a, a, labels) == pytest.approx(1.0)
+
+
+def test_chance_normalisation_excess_and_layer_average():
+    assert sl.chance_normalized(10.0, 10) == pytest.approx(0.0)
+    assert sl.chance_normalized(100.0, 10) == pytest.approx(100.0)
+    assert sl.chance_normalized(55.0, 10) == pytest.approx(50.0)
+    assert sl.excess_agreement(90.0, 30.0) == 60.0
+    assert sl.layer_average([80, 90, 100]) == 90.0
+    with pytest.raises(ValueError):
+        sl.layer_average([])
+    with pytest.raises(ValueError, match="equal shape"):
+        sl.agreement(torch.zeros(3, 2), torch.zeros(3, 4))
+
+
+def test_evaluate_returns_every_score(images):
+    from stitchlab import models
+
+    model = models.create("small_cnn", width=8).eval()
+    x, y = images
+    s = sl.stitch(model, model, "blocks.0", (x, y), epochs=0, init="identity")
+    scores = sl.evaluate(s, (x, y), model)
+    assert set(scores) == {
+        "agreement",
+        "agreement_normalized",
+        "accuracy",
+        "hard_agreement",
+        "error_consistency",
+        "reference_accuracy",
+    }
+    assert scores["accuracy"] == scores["reference_accuracy"]
+    with torch.no_grad():
+        ref_logits = model(x)
+    assert sl.evaluate(s, (x, y), ref_logits)["agreement"] == pytest.approx(100.0)
