@@ -4,12 +4,15 @@ The public API::
 
     stitch_points(model)                -> ordered cut points
     split(model, point)                 -> (front, back) with back(front(x)) == model(x)
-    stitch(front, back, point, data)    -> trained StitchedModel
+    stitch(front, back, point, data)    -> trained StitchedModel (protocol="iris" for
+                                           invariance-aware stitching)
+    generate_iris(model, point, images) -> identically represented inputs (+ quality)
     evaluate(stitched, test_data, ref)  -> scores (agreement, accuracy, ...)
     agreement(logits_a, logits_b)       -> agreement probability in percent
 """
 
 from .fit import StitchedModel, TrainingConfig, evaluate, stitch
+from .iris import IRIRecipe, IRISet, generate_iris, generate_iris_set
 from .layers import ActivationSpec, StitchLayer, StitchShapeError
 from .metrics import (
     accuracy,
@@ -32,6 +35,10 @@ __all__ = [
     "tap_model",
     "stitch",
     "evaluate",
+    "generate_iris",
+    "generate_iris_set",
+    "IRISet",
+    "IRIRecipe",
     "agreement",
     "accuracy",
     "hard_agreement",

@@ -8,7 +8,15 @@ import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
-__all__ = ["as_dataset", "is_deterministic", "loader", "predict", "DataLike"]
+__all__ = [
+    "as_dataset",
+    "is_deterministic",
+    "loader",
+    "predict",
+    "DataLike",
+    "PairedImages",
+    "triples",
+]
 
 DataLike = Dataset | DataLoader | tuple[Tensor, Tensor] | list
 
@@ -92,6 +100,40 @@ def batches(
     """Ordered ``(images, labels)`` batches on ``device``."""
     for x, y, *_ in loader(dataset, batch_size, num_workers=num_workers):
         yield x.to(device, non_blocking=True), torch.as_tensor(y).to(device)
+
+
+class PairedImages(Dataset):
+    """Items ``(front image, label, target image)``: the stitched model's front sees the
+    first image, the back model's targets are computed on the second (IRI variants)."""
+
+    def __init__(self, front: Dataset, target: Dataset) -> None:
+        if len(front) != len(target):  # type: ignore[arg-type]
+            raise ValueError(
+                f"paired data sets differ in length: {len(front)} and {len(target)}"  # type: ignore[arg-type]
+            )
+        self.front, self.target = front, target
+
+    def __len__(self) -> int:
+        return len(self.front)  # type: ignore[arg-type]
+
+    def __getitem__(self, i: int):
+        x, y = self.front[i][:2]
+        return x, y, self.target[i][0]
+
+
+def triples(
+    dataset: Dataset, batch_size: int, device: torch.device, num_workers: int = 0
+) -> Iterator[tuple[Tensor, Tensor, Tensor]]:
+    """Ordered ``(front images, labels, target images)`` batches; the target images are
+    the front images unless the data set pairs them (:class:`PairedImages`)."""
+    for item in loader(dataset, batch_size, num_workers=num_workers):
+        yield _triple(item, device)
+
+
+def _triple(item, device: torch.device) -> tuple[Tensor, Tensor, Tensor]:
+    x, y = item[0].to(device, non_blocking=True), torch.as_tensor(item[1]).to(device)
+    xt = item[2].to(device, non_blocking=True) if len(item) > 2 else x
+    return x, y, xt
 
 
 @torch.inference_mode()

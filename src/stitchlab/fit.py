@@ -24,7 +24,16 @@ from torch import Tensor, nn
 from torch.utils.data import Dataset
 
 from . import metrics
-from ._data import DataLike, _module_device, as_dataset, batches, is_deterministic
+from ._data import (
+    DataLike,
+    PairedImages,
+    _module_device,
+    _triple,
+    as_dataset,
+    batches,
+    is_deterministic,
+    triples,
+)
 from .layers import ActivationSpec, StitchLayer, fit_least_squares
 from .objectives import Objective, StitchOutputs, make_objective
 from .split import split, tap_model
@@ -128,6 +137,8 @@ class StitchedModel(nn.Module):
         self.cache_used: bool | None = None  # None when not trained
         self.timings: dict[str, float] = {}  # seconds: init, cache, train
         self.objective: str | None = None
+        self.protocol: str = "standard"
+        self.iri_quality = None  # IRIQuality of the IRIs it was trained on
 
     def forward(self, x: Tensor) -> Tensor:  # noqa: D102
         return self.from_activation(self.front(x)).logits  # type: ignore[return-value]
@@ -222,9 +233,9 @@ class ActivationCache:
     ) -> ActivationCache:
         acts: list[Tensor] = []
         tgts: dict[str, list[Tensor]] = {}
-        for x, y in batches(dataset, batch_size, device, num_workers):
+        for x, y, xt in triples(dataset, batch_size, device, num_workers):
             acts.append(front(x))
-            for k, v in targets(x, y).items():
+            for k, v in targets(xt, y).items():
                 tgts.setdefault(k, []).append(v)
         return cls(torch.cat(acts), {k: torch.cat(v) for k, v in tgts.items()})
 
@@ -334,6 +345,12 @@ def stitch(
     temperature: float = 1.0,
     fula_points: Sequence[str] | None = None,
     fula_weights: Sequence[float] | None = None,
+    protocol: Literal["standard", "iris"] = "standard",
+    iris=None,
+    iris_branches: Literal["both", "front", "back"] = "both",
+    iris_cache: str | None = None,
+    iris_options: dict | None = None,
+    allow_flagged_iris: bool = False,
     **training,
 ) -> StitchedModel:
     """Train a stitch from ``front_model`` at ``point`` into ``back_model`` at ``back_point``.
@@ -350,6 +367,19 @@ def stitch(
         temperature: SLM temperature.
         fula_points: FuLA's later back-model points (default: every later stitch point).
         fula_weights: FuLA's weights, stitch point first (default: uniform).
+        protocol: ``"standard"`` trains on ``data``; ``"iris"`` (invariance-aware) trains on
+            the front's IRIs of ``data`` at ``point``: SLM/DM/FuLA targets are the back
+            model's outputs on the IRIs, HLM keeps the source labels, the least-squares
+            initialisation uses the real images.
+        iris: the IRIs to use (an :class:`~stitchlab.iris.IRISet`, an ``IRIResult``, a
+            tensor aligned with ``data``, or data); None generates them (cached in
+            ``iris_cache`` when given, else in memory).
+        iris_branches: ``"both"`` (the protocol), or the sanity variants of PROTOCOL
+            section 6 E: ``"front"`` (IRIs into the front only, targets on real images)
+            and ``"back"`` (real images into the front, targets on IRIs).
+        iris_cache: folder of the IRI cache (see :func:`~stitchlab.iris.generate_iris_set`).
+        iris_options: IRI recipe options (steps, step_size, optimizer, ...).
+        allow_flagged_iris: use an IRI set whose median error is above its threshold.
         **training: any :class:`TrainingConfig` field (epochs, lr, batch_size, solver,
             init, cache, frozen_mode, seed, device, ...).
 
@@ -371,6 +401,16 @@ def stitch(
     init_set = dataset if init_data is None else as_dataset(init_data, "init_data")[0]
     batch_size = cfg.batch_size or loader_bs or 128
     device = torch.device(cfg.device) if cfg.device is not None else _module_device(front_model)
+    iri_quality = None
+    if protocol == "iris":
+        dataset, iri_quality = _iris_training_set(
+            front_model, point, dataset, iris, iris_branches, iris_cache,
+            iris_options or {}, allow_flagged_iris, cfg.seed, device,
+        )  # fmt: skip
+    elif protocol != "standard":
+        raise ValueError(f"protocol must be 'standard' or 'iris', got {protocol!r}")
+    elif iris is not None:
+        raise ValueError("iris= was given but protocol='standard'; pass protocol='iris'.")
 
     # frozen copies: the caller's models keep their weights, modes and grad flags
     front_model = _freeze(copy.deepcopy(front_model)).to(device)
@@ -395,6 +435,8 @@ def stitch(
     layer = StitchLayer(src, dst).to(device)
     stitched = StitchedModel(front, layer, back, point, back_point, later, cfg.frozen_mode)
     stitched.objective = obj.name
+    stitched.protocol = protocol
+    stitched.iri_quality = iri_quality
 
     if cfg.init == "identity":
         layer.init_identity()
@@ -432,11 +474,11 @@ def stitch(
         )
 
         def epoch_batches(epoch: int):
-            for x, y, *_ in dl:
-                x, y = x.to(device), torch.as_tensor(y).to(device)
+            for item in dl:
+                x, y, xt = _triple(item, device)
                 with torch.no_grad():
                     a = front(x)
-                    t = targets(x, y)
+                    t = targets(xt, y)
                 yield a, t
 
     stitched.cache_used = cache is not None
@@ -444,6 +486,56 @@ def stitch(
     stitched.history = _train_loop(stitched, obj, epoch_batches, steps, cfg)
     stitched.timings["train"] = time.perf_counter() - t0
     return stitched
+
+
+def _iris_training_set(
+    front_model, point, real, iris, branches, cache_dir, options, allow_flagged, seed, device
+):
+    """The stitching set of the IRI protocol and the quality of its IRIs."""
+    from torch.utils.data import TensorDataset
+
+    from .iris import IRIError, IRIResult, IRISet, generate_iris, generate_iris_set
+
+    if branches not in ("both", "front", "back"):
+        raise ValueError(f"iris_branches must be 'both', 'front' or 'back', got {branches!r}")
+    options = dict(options)
+    threshold = float(options.pop("threshold", 0.5))
+    if iris is None:
+        if cache_dir is not None:
+            iris = generate_iris_set(
+                front_model, point, real, cache_dir, seed=seed, threshold=threshold,
+                device=device, **options,
+            )  # fmt: skip
+        else:
+            iris = generate_iris(front_model, point, real, seed=seed, device=device, **options)
+    if isinstance(iris, IRIResult):
+        quality = iris.quality(threshold)
+        iris = iris.iris
+    elif isinstance(iris, IRISet):
+        quality = iris.quality
+    else:
+        quality = None
+    if isinstance(iris, Tensor):
+        if len(iris) != len(real):
+            raise ValueError(
+                f"{len(iris)} IRIs for {len(real)} stitching images: pass one IRI per image."
+            )
+        labels = torch.as_tensor([int(real[i][1]) for i in range(len(real))])
+        iris = TensorDataset(iris.float(), labels)
+    iri_set, _ = as_dataset(iris, "iris")
+    if len(iri_set) != len(real):
+        raise ValueError(f"{len(iri_set)} IRIs for {len(real)} stitching images.")
+    if quality is not None and quality.flagged and not allow_flagged:
+        raise IRIError(
+            f"{quality}. These IRIs do not reproduce the front's representation well enough "
+            "for invariance-aware stitching; use more steps or a larger/decaying step size, "
+            "or pass allow_flagged_iris=True to use them anyway."
+        )
+    if branches == "front":
+        return PairedImages(iri_set, real), quality
+    if branches == "back":
+        return PairedImages(real, iri_set), quality
+    return iri_set, quality
 
 
 def _make_cache(front, targets, dataset, device, batch_size, cfg, a0, x0):

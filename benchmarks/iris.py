@@ -1,0 +1,112 @@
+"""IRI generation speed: stitchlab against the released loop, same batch, same run.
+
+Released loop (baseline): every step runs the full front network and the full back
+network on x' and again on x (a hook grabs the activation at the point), then
+backpropagates the relative error to x'.
+
+stitchlab: only the front prefix runs, the target f(x) is computed once per batch.
+
+Limit: the prefix's own forward + backward (to the input) for the same batch and steps.
+
+    python benchmarks/iris.py [--width 16] [--batch 128] [--steps 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import time
+
+import torch
+
+import stitchlab as sl
+from stitchlab import models
+from stitchlab.data import shapes
+from stitchlab.iris import _batch_generator, generate_iris
+
+
+def released_loop(front_model, back_model, point, x, steps, step_size, seed):
+    """The released code's IRI loop; returns (seconds, IRIs before quantisation)."""
+    front_model = copy.deepcopy(front_model).eval().requires_grad_(False)
+    back_model = copy.deepcopy(back_model).eval().requires_grad_(False)
+    grabbed = {}
+    front_model.get_submodule(point).register_forward_hook(
+        lambda m, i, o: grabbed.__setitem__("a", o)
+    )
+    gen = _batch_generator(seed, 0)
+    x_adv = torch.rand(x.shape, generator=gen)
+    start = time.perf_counter()
+    for _ in range(steps):
+        x_adv = x_adv.detach().requires_grad_(True)
+        front_model(x_adv)
+        f = grabbed["a"]
+        back_model(x_adv)
+        with torch.no_grad():
+            front_model(x)
+            target = grabbed["a"]
+            back_model(x)
+        err = (f - target).flatten(1).norm(dim=1) / target.flatten(1).norm(dim=1)
+        err.sum().backward()
+        with torch.no_grad():
+            x_adv = (x_adv - step_size * x_adv.grad.sign()).clamp(0, 1)
+    return time.perf_counter() - start, x_adv.detach()
+
+
+def prefix_limit(model, point, x, steps):
+    """Seconds of ``steps`` forward+backward passes of the prefix alone."""
+    front = copy.deepcopy(sl.split(model, point)[0]).eval().requires_grad_(False)
+    xa = x.clone().requires_grad_(True)
+    start = time.perf_counter()
+    for _ in range(steps):
+        out = front(xa)
+        (g,) = torch.autograd.grad(out.sum(), xa)
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--width", type=int, default=16)
+    ap.add_argument("--batch", type=int, default=128)
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    front = models.create("resnet18", width=args.width).eval()
+    torch.manual_seed(1)
+    back = models.create("resnet18", width=args.width).eval()
+    x, _ = shapes(args.batch, seed=0)
+    points = sl.stitch_points(front)
+    n_img_steps = args.batch * args.steps
+    print(
+        f"ResNet-18 width {args.width}, batch {args.batch}, {args.steps} signed steps of "
+        f"1/255, {args.threads} threads; throughput in images x steps / s"
+    )
+    print(
+        "| point | released loop | stitchlab | speed-up | prefix limit | stitchlab / limit "
+        "| max IRI diff (pixels differing) |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    for k in (1, 5, 9):
+        point = points[k - 1]
+        generate_iris(front, point, x[:8], steps=1)  # warm-up
+        base_s, base_iris = released_loop(front, back, point, x, args.steps, 1 / 255, 0)
+        t0 = time.perf_counter()
+        ours = generate_iris(front, point, x, steps=args.steps, batch_size=args.batch)
+        ours_s = time.perf_counter() - t0
+        limit_s = prefix_limit(front, point, x, args.steps)
+        from stitchlab.iris import dequantise, quantise
+
+        base_q = dequantise(quantise(base_iris))
+        diff = (base_q - ours.iris).abs()
+        print(
+            f"| {k} ({point}) | {n_img_steps / base_s:.0f} | {n_img_steps / ours_s:.0f} | "
+            f"{base_s / ours_s:.1f}x | {n_img_steps / limit_s:.0f} | "
+            f"{ours_s / limit_s:.2f}x | {float(diff.max()) * 255:.0f}/255 "
+            f"({float((diff > 0).float().mean()) * 100:.3f}%) |",
+            flush=True,
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,596 @@
+"""Identically represented inputs (IRIs): images that a front represents like real ones.
+
+For a source image x and a stitch point i, an IRI is
+``x' = argmin ||f_{<=i}(x') - f_{<=i}(x)||_F / ||f_{<=i}(x)||_F`` over valid images,
+found by projected gradient steps that run only the front prefix (PROTOCOL section 3).
+
+* :func:`generate_iris` optimises a batch of images in memory.
+* :func:`generate_iris_set` streams a whole data set in chunks into a cache keyed by what
+  determines the result (front weights, point, source data, recipe); it resumes after an
+  interruption and checks every chunk on load.
+* :class:`IRISet` is the stored result: a Dataset of ``(iri, source label)`` with the
+  per-sample quality (relative error after uint8 quantisation, pixel distance).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import shutil
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.utils.data import Dataset
+
+from ._data import DataLike, _module_device, as_dataset, batches
+from .split import split
+
+__all__ = [
+    "IRIRecipe",
+    "IRIResult",
+    "IRIQuality",
+    "IRISet",
+    "IRIError",
+    "generate_iris",
+    "generate_iris_set",
+    "quantise",
+    "dequantise",
+]
+
+FORMAT_VERSION = 1
+
+
+class IRIError(RuntimeError):
+    """An IRI set cannot be used (damaged, mismatched or of poor quality)."""
+
+
+@dataclass(frozen=True)
+class IRIRecipe:
+    """How IRIs are optimised. Defaults: PROTOCOL section 3 (200 signed steps of 1/255
+    from uniform noise over the box, eval mode, no early stopping)."""
+
+    steps: int = 200
+    step_size: float = 1 / 255
+    final_step_size: float | None = None  # geometric decay to this size (None: constant)
+    optimizer: Literal["sign", "adam", "l2"] = "sign"
+    start: Literal["noise", "image", "blur"] = "noise"  # image: another source image
+    tolerance: float | None = None  # a sample stops once its relative error is below
+    box: tuple[float, float] = (0.0, 1.0)
+    batch_size: int = 128
+    amp: Literal["auto", "off", "bf16"] = "auto"  # bf16 autocast on CUDA when "auto"
+
+    def validate(self) -> None:
+        """Raise a ValueError naming the first bad field."""
+        if self.steps < 0:
+            raise ValueError(f"steps must be >= 0, got {self.steps}")
+        if self.step_size <= 0:
+            raise ValueError(f"step_size must be positive, got {self.step_size}")
+        if self.final_step_size is not None and self.final_step_size <= 0:
+            raise ValueError(f"final_step_size must be positive, got {self.final_step_size}")
+        if self.optimizer not in ("sign", "adam", "l2"):
+            raise ValueError(f"optimizer must be 'sign', 'adam' or 'l2', got {self.optimizer!r}")
+        if self.start not in ("noise", "image", "blur"):
+            raise ValueError(f"start must be 'noise', 'image' or 'blur', got {self.start!r}")
+        lo, hi = self.box
+        if not hi > lo:
+            raise ValueError(f"box must be (low, high) with high > low, got {self.box}")
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
+        if self.amp not in ("auto", "off", "bf16"):
+            raise ValueError(f"amp must be 'auto', 'off' or 'bf16', got {self.amp!r}")
+
+    def step_at(self, t: int) -> float:
+        """The step size of step ``t`` (0-based)."""
+        if self.final_step_size is None or self.steps <= 1:
+            return self.step_size
+        ratio = self.final_step_size / self.step_size
+        return self.step_size * ratio ** (t / (self.steps - 1))
+
+    @classmethod
+    def from_kwargs(cls, **kwargs) -> IRIRecipe:
+        """Build and validate; an unknown option is an error listing the valid ones."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(kwargs) - names)
+        if unknown:
+            raise TypeError(f"Unknown IRI option(s) {unknown}; valid options: {sorted(names)}")
+        if "box" in kwargs:
+            kwargs["box"] = tuple(float(v) for v in kwargs["box"])
+        recipe = cls(**kwargs)
+        recipe.validate()
+        return recipe
+
+    def as_dict(self) -> dict:
+        """JSON-ready fields."""
+        d = dataclasses.asdict(self)
+        d["box"] = list(self.box)
+        return d
+
+
+@dataclass
+class IRIQuality:
+    """Summary of how well a set of IRIs converged."""
+
+    n: int
+    median_error: float  # relative error at the point, after uint8 quantisation
+    mean_error: float
+    p90_error: float
+    max_error: float
+    median_pixel_rms: float  # RMS pixel distance between IRI and source, in box units
+    threshold: float
+    flagged: bool = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.flagged = bool(self.median_error > self.threshold)
+
+    @classmethod
+    def of(cls, rel_error: Tensor, pixel_rms: Tensor, threshold: float) -> IRIQuality:
+        """Summarise per-sample errors and distances."""
+        e = rel_error.double()
+        return cls(
+            n=int(e.numel()),
+            median_error=float(e.median()),
+            mean_error=float(e.mean()),
+            p90_error=float(torch.quantile(e, 0.9)),
+            max_error=float(e.max()),
+            median_pixel_rms=float(pixel_rms.double().median()),
+            threshold=threshold,
+        )
+
+    def __str__(self) -> str:
+        flag = "  ** FLAGGED: median above threshold **" if self.flagged else ""
+        return (
+            f"IRIs: n={self.n}, relative error median {self.median_error:.3f} "
+            f"(mean {self.mean_error:.3f}, p90 {self.p90_error:.3f}, max {self.max_error:.3f}), "
+            f"pixel RMS distance to source {self.median_pixel_rms:.3f}{flag}"
+        )
+
+
+@dataclass
+class IRIResult:
+    """IRIs of one batch, and their quality per sample."""
+
+    iris: Tensor  # float, in the box, quantised to uint8 levels
+    rel_error: Tensor  # achieved relative error after quantisation
+    rel_error_float: Tensor  # before quantisation
+    pixel_rms: Tensor  # RMS pixel distance from the source image
+
+    def quality(self, threshold: float = 0.5) -> IRIQuality:
+        """The quality summary of these IRIs."""
+        return IRIQuality.of(self.rel_error, self.pixel_rms, threshold)
+
+
+def quantise(x: Tensor, box: tuple[float, float] = (0.0, 1.0)) -> Tensor:
+    """Images in ``box`` to uint8 levels."""
+    lo, hi = box
+    return ((x - lo) / (hi - lo) * 255).round().clamp(0, 255).to(torch.uint8)
+
+
+def dequantise(q: Tensor, box: tuple[float, float] = (0.0, 1.0)) -> Tensor:
+    """uint8 levels back to float images in ``box``."""
+    lo, hi = box
+    return q.float() / 255 * (hi - lo) + lo
+
+
+def _frozen_front(model: nn.Module, point: str) -> nn.Module:
+    front, _ = split(model, point)
+    front = copy.deepcopy(front).eval()
+    for p in front.parameters():
+        p.requires_grad_(False)
+    return front
+
+
+def _per_sample_error(f: Tensor, t: Tensor) -> Tensor:
+    diff = (f.float() - t).flatten(1).norm(dim=1)
+    return diff / t.flatten(1).norm(dim=1).clamp_min(1e-12)
+
+
+def _start(x: Tensor, recipe: IRIRecipe, gen: torch.Generator) -> Tensor:
+    lo, hi = recipe.box
+    if recipe.start == "noise":
+        u = torch.rand(x.shape, generator=gen)
+        return (lo + (hi - lo) * u).to(x.device, x.dtype)
+    if recipe.start == "image":  # another image of the batch (a derangement)
+        if x.shape[0] < 2:
+            raise ValueError("start='image' needs batches of at least 2 images")
+        shift = int(torch.randint(1, x.shape[0], (1,), generator=gen))
+        return x.roll(shift, dims=0).clone()
+    # blurred copy of the source
+    k = torch.tensor([1.0, 4.0, 6.0, 4.0, 1.0], device=x.device, dtype=x.dtype)
+    k = (k[:, None] * k[None, :]) / 256
+    c = x.shape[1]
+    weight = k.expand(c, 1, 5, 5)
+    out = x
+    for _ in range(3):
+        out = F.conv2d(F.pad(out, (2, 2, 2, 2), mode="replicate"), weight, groups=c)
+    return out
+
+
+def _autocast(device: torch.device, recipe: IRIRecipe):
+    use = recipe.amp == "bf16" or (recipe.amp == "auto" and device.type == "cuda")
+    if use:
+        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+    return torch.autocast(device_type=device.type, enabled=False)
+
+
+def _optimise(
+    front: nn.Module, x: Tensor, recipe: IRIRecipe, gen: torch.Generator
+) -> tuple[Tensor, Tensor]:
+    """The optimised IRIs of one batch (float, in the box) and the targets f(x)."""
+    lo, hi = recipe.box
+    device = x.device
+    with torch.no_grad():
+        target = front(x).float()
+    x_adv = _start(x, recipe, gen).clamp(lo, hi)
+    active = torch.ones(x.shape[0], dtype=torch.bool, device=device)
+    m = v = None
+    if recipe.optimizer == "adam":
+        m, v = torch.zeros_like(x_adv), torch.zeros_like(x_adv)
+    numel = x[0].numel()
+    for t in range(recipe.steps):
+        idx = active.nonzero().squeeze(1) if recipe.tolerance is not None else None
+        xa = x_adv if idx is None else x_adv[idx]
+        ta = target if idx is None else target[idx]
+        xa = xa.detach().requires_grad_(True)
+        with _autocast(device, recipe):
+            f = front(xa)
+        err = _per_sample_error(f, ta)
+        (grad,) = torch.autograd.grad(err.sum(), xa)
+        alpha = recipe.step_at(t)
+        with torch.no_grad():
+            if recipe.optimizer == "sign":
+                step = alpha * grad.sign()
+            elif recipe.optimizer == "l2":  # per-sample L2 step of length alpha * sqrt(D)
+                norm = grad.flatten(1).norm(dim=1).clamp_min(1e-12)
+                step = alpha * math.sqrt(numel) * grad / norm.view(-1, *[1] * (grad.dim() - 1))
+            else:
+                mi = m if idx is None else m[idx]
+                vi = v if idx is None else v[idx]
+                mi = 0.9 * mi + 0.1 * grad
+                vi = 0.999 * vi + 0.001 * grad * grad
+                step = (
+                    alpha
+                    * (mi / (1 - 0.9 ** (t + 1)))
+                    / ((vi / (1 - 0.999 ** (t + 1))).sqrt() + 1e-8)
+                )
+                if idx is None:
+                    m, v = mi, vi
+                else:
+                    m[idx], v[idx] = mi, vi
+            new = (xa - step).clamp(lo, hi)
+            if idx is None:
+                x_adv = new
+            else:
+                x_adv[idx] = new
+                done = err.detach() < recipe.tolerance
+                active[idx[done]] = False
+                if not bool(active.any()):
+                    break
+    return x_adv.detach(), target
+
+
+@torch.no_grad()
+def _measure(
+    front: nn.Module, x: Tensor, x_adv: Tensor, target: Tensor, box: tuple[float, float]
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(quantised IRIs as uint8, error after quantisation, error before, pixel RMS)."""
+    err_float = _per_sample_error(front(x_adv), target)
+    q = quantise(x_adv, box)
+    deq = dequantise(q, box).to(x_adv.device, x_adv.dtype)
+    err_q = _per_sample_error(front(deq), target)
+    rms = (deq - x).flatten(1).pow(2).mean(1).sqrt() / (box[1] - box[0])
+    return q, err_q, err_float, rms
+
+
+def _batch_generator(seed: int, start_index: int) -> torch.Generator:
+    """Noise generator of the batch that starts at ``start_index``: independent of chunking
+    history, so that an interrupted run and an uninterrupted one draw the same numbers."""
+    return torch.Generator().manual_seed((seed * 1_000_003 + start_index) % (2**63))
+
+
+def generate_iris(
+    model: nn.Module,
+    point: str,
+    images: Tensor | DataLike,
+    steps: int = 200,
+    step_size: float = 1 / 255,
+    seed: int = 0,
+    *,
+    device: str | torch.device | None = None,
+    **recipe,
+) -> IRIResult:
+    """IRIs of ``images`` for ``model`` cut at ``point``.
+
+    Args:
+        model: the front model (not modified; a frozen eval-mode copy of its prefix runs).
+        point: the stitch point whose representation the IRIs must reproduce.
+        images: a tensor ``(N, C, H, W)`` in the box, or data as for :func:`stitch`.
+        steps: number of optimisation steps (no early stop unless ``tolerance`` is set).
+        step_size: step size in box units (1/255 at 32x32 in the paper).
+        seed: seed of the noise start; the result is deterministic for a seed.
+        device: where to run (default: the model's device).
+        **recipe: further :class:`IRIRecipe` fields (optimizer, start, tolerance, box,
+            final_step_size, batch_size, amp).
+
+    Returns:
+        :class:`IRIResult` with IRIs quantised to uint8 levels (as stored) and, per IRI,
+        the achieved relative error after quantisation and the pixel distance.
+    """
+    rec = IRIRecipe.from_kwargs(steps=steps, step_size=step_size, **recipe)
+    dev = torch.device(device) if device is not None else _module_device(model)
+    front = _frozen_front(model, point).to(dev)
+    if isinstance(images, Tensor):
+        _check_images(images, rec.box)
+        sources = [images]
+    else:
+        dataset, _ = as_dataset(images, "images")
+        sources = [x for x, _ in batches(dataset, rec.batch_size, torch.device("cpu"))]
+        sources = [torch.cat(sources)]
+    out = []
+    x_all = sources[0]
+    for i in range(0, x_all.shape[0], rec.batch_size):
+        x = x_all[i : i + rec.batch_size].to(dev)
+        out.append(_run_batch(front, x, rec, seed, i))
+    return IRIResult(
+        iris=dequantise(torch.cat([o[0] for o in out]), rec.box),
+        rel_error=torch.cat([o[1] for o in out]),
+        rel_error_float=torch.cat([o[2] for o in out]),
+        pixel_rms=torch.cat([o[3] for o in out]),
+    )
+
+
+def _check_images(images: Tensor, box: tuple[float, float]) -> None:
+    if images.dim() != 4 or not images.is_floating_point():
+        raise ValueError(
+            f"images must be a float tensor (N, C, H, W); got {tuple(images.shape)} {images.dtype}."
+        )
+    lo, hi = box
+    if float(images.min()) < lo - 1e-4 or float(images.max()) > hi + 1e-4:
+        raise ValueError(
+            f"images lie outside the box {box} (min {float(images.min()):.3f}, max "
+            f"{float(images.max()):.3f}); pass box=(low, high) for normalised inputs."
+        )
+
+
+def _run_batch(front, x, rec: IRIRecipe, seed: int, start: int):
+    gen = _batch_generator(seed, start)
+    x_adv, target = _optimise(front, x, rec, gen)
+    q, err_q, err_f, rms = _measure(front, x, x_adv, target, rec.box)
+    return q.cpu(), err_q.cpu(), err_f.cpu(), rms.cpu()
+
+
+# ---------------------------------------------------------------------------
+# Stored IRI sets
+
+
+def _hash_tensor(h, t: Tensor) -> None:
+    t = t.detach().cpu().contiguous().reshape(-1)
+    h.update(str(t.dtype).encode())
+    h.update(str(t.numel()).encode())
+    h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+
+
+def model_fingerprint(module: nn.Module) -> str:
+    """SHA-256 of a module's parameters and buffers (names, shapes, values)."""
+    h = hashlib.sha256()
+    for name, t in sorted(module.state_dict().items()):
+        h.update(name.encode())
+        _hash_tensor(h, t)
+    return h.hexdigest()
+
+
+def data_fingerprint(dataset: Dataset, batch_size: int = 512) -> str:
+    """SHA-256 of every ``(image, label)`` of a data set, streamed."""
+    h = hashlib.sha256()
+    for x, y in batches(dataset, batch_size, torch.device("cpu")):
+        _hash_tensor(h, x.float())
+        _hash_tensor(h, y.long())
+    return h.hexdigest()
+
+
+def _file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+class IRISet(Dataset):
+    """A stored IRI set: ``(iri, source label)`` items read chunk by chunk from disk."""
+
+    def __init__(self, root: str | Path, threshold: float = 0.5) -> None:
+        self.root = Path(root)
+        meta_path = self.root / "meta.json"
+        if not meta_path.exists():
+            raise IRIError(f"{self.root} holds no IRI set (no meta.json).")
+        self.meta = json.loads(meta_path.read_text())
+        if not self.meta.get("complete"):
+            raise IRIError(
+                f"The IRI set in {self.root} is incomplete; run generate_iris_set again to "
+                "resume it."
+            )
+        self.chunk_size = int(self.meta["chunk_size"])
+        self.n = int(self.meta["n"])
+        self.box = tuple(self.meta["recipe"]["box"])
+        self._cached: tuple[int, dict[str, Tensor]] | None = None
+        stats = [self._chunk(i) for i in range(self.num_chunks)]
+        self.rel_error = torch.cat([s["rel_error"] for s in stats])
+        self.pixel_rms = torch.cat([s["pixel_rms"] for s in stats])
+        self.labels = torch.cat([s["labels"] for s in stats])
+        self.quality = IRIQuality.of(self.rel_error, self.pixel_rms, threshold)
+
+    @property
+    def num_chunks(self) -> int:
+        """Number of chunk files."""
+        return math.ceil(self.n / self.chunk_size)
+
+    def _chunk(self, i: int) -> dict[str, Tensor]:
+        if self._cached is not None and self._cached[0] == i:
+            return self._cached[1]
+        path = self.root / f"chunk_{i:05d}.safetensors"
+        data = _load_chunk(path, self.meta["chunks"].get(str(i)))
+        if data is None:
+            raise IRIError(
+                f"IRI chunk {path} is missing or damaged (checksum mismatch); run "
+                "generate_iris_set again to regenerate it."
+            )
+        self._cached = (i, data)
+        return data
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, index: int) -> tuple[Tensor, int]:
+        if index < 0:
+            index += self.n
+        if not 0 <= index < self.n:
+            raise IndexError(index)
+        c = self._chunk(index // self.chunk_size)
+        j = index % self.chunk_size
+        return dequantise(c["iris"][j], self.box), int(c["labels"][j])
+
+    def images(self) -> Tensor:
+        """All IRIs as one float tensor (loads every chunk)."""
+        return torch.cat(
+            [dequantise(self._chunk(i)["iris"], self.box) for i in range(self.num_chunks)]
+        )
+
+
+def _load_chunk(path: Path, expected_sha: str | None) -> dict[str, Tensor] | None:
+    from safetensors.torch import load_file
+
+    if not path.exists() or expected_sha is None:
+        return None
+    if _file_sha256(path) != expected_sha:
+        return None
+    try:
+        return load_file(str(path))
+    except Exception:
+        return None
+
+
+def _atomic_write_json(path: Path, obj: dict) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(obj, indent=1, sort_keys=True))
+    os.replace(tmp, path)
+
+
+def generate_iris_set(
+    model: nn.Module,
+    point: str,
+    data: DataLike,
+    cache_dir: str | Path,
+    *,
+    seed: int = 0,
+    chunk_size: int = 1024,
+    threshold: float = 0.5,
+    data_key: str | None = None,
+    device: str | torch.device | None = None,
+    progress: bool = False,
+    on_chunk: Callable[[int, int], None] | None = None,
+    **recipe,
+) -> IRISet:
+    """Generate (or reuse, or resume) the IRI set of ``data`` for ``model`` at ``point``.
+
+    The set lives in ``cache_dir/<key>/`` where the key hashes the front prefix's weights,
+    the point, the source data (or ``data_key``), the seed, the chunk size and the recipe.
+    Chunks are written atomically with a checksum; a rerun skips finished chunks and
+    regenerates missing or damaged ones, so an interrupted run finishes with the same
+    bytes as an uninterrupted one. Memory does not grow with the data set size.
+
+    ``on_chunk(i, num_chunks)`` is called after each finished chunk (progress, tests).
+    Returns the :class:`IRISet`; a set whose median error exceeds ``threshold`` is flagged
+    (a warning here; :func:`stitchlab.stitch` refuses it unless told otherwise).
+    """
+    from safetensors.torch import save_file
+
+    rec = IRIRecipe.from_kwargs(**recipe)
+    if chunk_size % rec.batch_size and chunk_size > rec.batch_size:
+        raise ValueError(
+            f"chunk_size ({chunk_size}) must be a multiple of the batch size ({rec.batch_size})"
+        )
+    dataset, _ = as_dataset(data, "data")
+    dev = torch.device(device) if device is not None else _module_device(model)
+    front = _frozen_front(model, point)
+    key_parts = {
+        "format": FORMAT_VERSION,
+        "front": model_fingerprint(front),
+        "point": point,
+        "data": data_key or data_fingerprint(dataset),
+        "n": len(dataset),
+        "seed": seed,
+        "chunk_size": chunk_size,
+        "recipe": rec.as_dict(),
+    }
+    key = hashlib.sha256(json.dumps(key_parts, sort_keys=True).encode()).hexdigest()[:24]
+    root = Path(cache_dir) / key
+    root.mkdir(parents=True, exist_ok=True)
+    meta_path = root / "meta.json"
+    meta = json.loads(meta_path.read_text()) if meta_path.exists() else None
+    if meta is None or meta.get("key") != key:
+        meta = {**key_parts, "key": key, "chunks": {}, "complete": False}
+        _atomic_write_json(meta_path, meta)
+    n = len(dataset)
+    num_chunks = math.ceil(n / chunk_size)
+    front = front.to(dev)
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=num_chunks, desc=f"IRIs {point}", leave=False)
+    for c in range(num_chunks):
+        path = root / f"chunk_{c:05d}.safetensors"
+        expected = meta["chunks"].get(str(c))
+        if expected is not None and path.exists() and _file_sha256(path) == expected:
+            if bar is not None:
+                bar.update(1)
+            continue
+        if expected is not None:
+            warnings.warn(f"IRI chunk {path} is damaged; regenerating it.", stacklevel=2)
+        lo_i, hi_i = c * chunk_size, min(n, (c + 1) * chunk_size)
+        subset = torch.utils.data.Subset(dataset, range(lo_i, hi_i))
+        parts = []
+        offset = lo_i
+        for x, y in batches(subset, rec.batch_size, dev):
+            q, err_q, err_f, rms = _run_batch(front, x, rec, seed, offset)
+            parts.append((q, y.cpu().long(), err_q, err_f, rms))
+            offset += x.shape[0]
+        tensors = {
+            "iris": torch.cat([p[0] for p in parts]).contiguous(),
+            "labels": torch.cat([p[1] for p in parts]).contiguous(),
+            "rel_error": torch.cat([p[2] for p in parts]).float().contiguous(),
+            "rel_error_float": torch.cat([p[3] for p in parts]).float().contiguous(),
+            "pixel_rms": torch.cat([p[4] for p in parts]).float().contiguous(),
+        }
+        tmp = path.with_suffix(".tmp")
+        save_file(tensors, str(tmp))
+        os.replace(tmp, path)
+        meta["chunks"][str(c)] = _file_sha256(path)
+        _atomic_write_json(meta_path, meta)
+        if bar is not None:
+            bar.update(1)
+        if on_chunk is not None:
+            on_chunk(c, num_chunks)
+    if bar is not None:
+        bar.close()
+    meta["complete"] = True
+    _atomic_write_json(meta_path, meta)
+    result = IRISet(root, threshold)
+    if result.quality.flagged:
+        warnings.warn(str(result.quality), stacklevel=2)
+    return result
+
+
+def clear_cache(cache_dir: str | Path) -> None:
+    """Remove every stored IRI set under ``cache_dir``."""
+    shutil.rmtree(cache_dir, ignore_errors=True)

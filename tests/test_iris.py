@@ -1,0 +1,220 @@
+"""Identically represented inputs: known answers, quality, storage, protocol."""
+
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+import stitchlab as sl
+from stitchlab import models
+from stitchlab.data import shapes
+from stitchlab.iris import IRIError, IRISet, generate_iris, generate_iris_set
+from stitchlab.train import train_classifier
+
+DECAY = dict(step_size=4 / 255, final_step_size=0.2 / 255)  # fine convergence
+FAST = dict(step_size=8 / 255, final_step_size=0.5 / 255)  # few steps (NOTES.md)
+
+
+@pytest.fixture(scope="module")
+def trained():
+    """A small CNN trained for a few seconds on generated shapes, and its data."""
+    torch.manual_seed(0)
+    x, y = shapes(800, seed=0)
+    model = models.create("small_cnn", width=8)
+    train_classifier(model, (x, y), epochs=2, seed=0)
+    return model.eval(), x, y
+
+
+def test_invertible_first_layer_gives_back_the_source():
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Conv2d(3, 3, 1), nn.Flatten(), nn.Linear(3 * 8 * 8, 2))
+    with torch.no_grad():
+        m[0].weight.copy_(torch.tensor([[1.0, 0.5, 0], [0, 1, 0.3], [0.2, 0, 1]])[:, :, None, None])
+    x = torch.rand(8, 3, 8, 8)
+    r = generate_iris(m, "0", x, steps=200, **DECAY)
+    assert float((r.iris - x).abs().max()) <= 1 / 255  # within uint8 quantisation
+    assert float(r.rel_error.median()) < 0.01
+
+
+def test_ignored_channel_stays_unrelated_to_the_source():
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Flatten(), nn.Linear(512, 2))
+    with torch.no_grad():
+        m[0].weight[:, 2] = 0  # the first layer ignores the blue channel
+    x = torch.rand(8, 3, 8, 8)
+    r = generate_iris(m, "0", x, steps=200, **DECAY)
+    used = (r.iris[:, :2] - x[:, :2]).abs().mean()
+    ignored = r.iris[:, 2].flatten() - 0.5, x[:, 2].flatten() - 0.5
+    corr = torch.corrcoef(torch.stack(ignored))[0, 1]
+    assert float(used) < 2 / 255
+    assert abs(float(corr)) < 0.1
+    assert float(r.pixel_rms.median()) > 0.1  # the ignored channel is far from the source
+    # the ignored channel never moved from its noise start: same seed, zero steps
+    start = generate_iris(m, "0", x, steps=0)
+    torch.testing.assert_close(r.iris[:, 2], start.iris[:, 2])
+
+
+def test_trained_network_iris_beat_the_noise_start(trained):
+    model, x, _ = trained
+    start = generate_iris(model, "blocks.0", x[:32], steps=0)
+    iris = generate_iris(model, "blocks.0", x[:32])  # the paper's recipe: 200 x 1/255
+    assert float(iris.rel_error.median()) < 0.25 * float(start.rel_error.median())
+    assert float(iris.iris.min()) >= 0 and float(iris.iris.max()) <= 1
+    q = iris.quality()
+    assert not q.flagged and q.median_error == pytest.approx(float(iris.rel_error.median()))
+
+
+def test_deterministic_for_a_seed_and_runs_only_the_prefix(trained):
+    model, x, _ = trained
+    calls = []
+    handle = model.fc.register_forward_hook(lambda *_: calls.append(1))
+    a = generate_iris(model, "blocks.1", x[:16], steps=5, seed=3)
+    b = generate_iris(model, "blocks.1", x[:16], steps=5, seed=3)
+    c = generate_iris(model, "blocks.1", x[:16], steps=5, seed=4)
+    handle.remove()
+    assert not calls
+    assert torch.equal(a.iris, b.iris) and not torch.equal(a.iris, c.iris)
+
+
+def test_options_box_start_optimizer_tolerance(trained):
+    model, x, _ = trained
+    xn = x[:16] * 2 - 1  # normalised inputs in [-1, 1]
+    r = generate_iris(model, "blocks.0", xn, steps=3, box=(-1, 1))
+    assert float(r.iris.min()) >= -1 and float(r.iris.max()) <= 1 and float(r.iris.min()) < 0
+    with pytest.raises(ValueError, match="outside the box"):
+        generate_iris(model, "blocks.0", xn, steps=1)
+    for kw in (
+        dict(optimizer="adam", step_size=0.02),
+        dict(optimizer="l2"),
+        dict(start="image"),
+        dict(start="blur"),
+    ):
+        res = generate_iris(model, "blocks.0", x[:16], steps=10, **kw)
+        assert res.iris.shape == x[:16].shape
+    counted = []
+    h = model.blocks[0][0].register_forward_hook(lambda m, i, o: counted.append(i[0].shape[0]))
+    generate_iris(model, "blocks.0", x[:16], steps=50, tolerance=0.9, **DECAY)
+    h.remove()
+    assert sum(counted) < 50 * 16  # samples stopped early
+    with pytest.raises(TypeError, match="Unknown IRI option"):
+        generate_iris(model, "blocks.0", x[:4], stepz=3)
+
+
+def test_iri_set_resumes_to_identical_bytes_and_checks_files(trained, tmp_path):
+    model, x, y = trained
+    data = (x[:96], y[:96])
+    kw = dict(steps=4, batch_size=16, chunk_size=32, threshold=10.0)  # 4 steps: poor IRIs
+    straight = generate_iris_set(model, "blocks.1", data, tmp_path / "a", **kw)
+
+    class Killed(Exception):
+        pass
+
+    def kill_after_first(i, n):
+        if i == 0:
+            raise Killed
+
+    with pytest.raises(Killed):
+        generate_iris_set(model, "blocks.1", data, tmp_path / "b", on_chunk=kill_after_first, **kw)
+    with pytest.raises(IRIError, match="incomplete"):
+        IRISet(next((tmp_path / "b").iterdir()))
+    finished = []
+    resumed = generate_iris_set(
+        model, "blocks.1", data, tmp_path / "b", on_chunk=lambda i, n: finished.append(i), **kw
+    )
+    assert finished == [1, 2]  # chunk 0 was reused
+    for i in range(straight.num_chunks):
+        name = f"chunk_{i:05d}.safetensors"
+        assert (straight.root / name).read_bytes() == (resumed.root / name).read_bytes()
+    assert straight.root.name == resumed.root.name  # same key
+    assert len(resumed) == 96 and resumed[5][1] == int(y[5])
+    torch.testing.assert_close(
+        resumed.images()[:16], generate_iris(model, "blocks.1", x[:16], steps=4).iris
+    )
+
+    # a damaged chunk is refused on load and regenerated on the next run
+    path = resumed.root / "chunk_00001.safetensors"
+    raw = bytearray(path.read_bytes())
+    raw[-5] ^= 0xFF
+    path.write_bytes(bytes(raw))
+    with pytest.raises(IRIError, match="damaged"):
+        IRISet(resumed.root)
+    with pytest.warns(UserWarning, match="damaged"):
+        again = generate_iris_set(model, "blocks.1", data, tmp_path / "b", **kw)
+    assert path.read_bytes() == (straight.root / "chunk_00001.safetensors").read_bytes()
+    assert again.quality.n == 96
+
+    # another recipe is another key
+    other = generate_iris_set(model, "blocks.1", data, tmp_path / "b", **{**kw, "steps": 5})
+    assert other.root != resumed.root
+
+
+@pytest.mark.parametrize("objective", ["slm", "dm", "fula"])
+def test_identical_stitching_under_iris_scores_about_100(trained, objective):
+    model, x, y = trained
+    s = sl.stitch(
+        model,
+        model,
+        "blocks.2",
+        (x[:256], y[:256]),
+        objective=objective,
+        protocol="iris",
+        epochs=2,
+        iris_options=dict(steps=60, **FAST),
+    )
+    assert s.protocol == "iris" and s.iri_quality is not None
+    assert sl.evaluate(s, (x[256:512], y[256:512]), model)["agreement"] > 98.0
+
+
+def test_iris_protocol_inputs_variants_and_refusals(trained, tmp_path):
+    model, x, y = trained
+    data = (x[:64], y[:64])
+    iris = generate_iris(model, "blocks.1", data[0], steps=60, **FAST)
+    for branches in ("front", "back"):
+        s = sl.stitch(
+            model,
+            model,
+            "blocks.1",
+            data,
+            objective="slm",
+            protocol="iris",
+            iris=iris,
+            iris_branches=branches,
+            epochs=1,
+        )
+        assert sl.evaluate(s, data, model)["agreement"] > 90
+    s = sl.stitch(
+        model, model, "blocks.1", data, objective="hlm", protocol="iris", iris=iris.iris, epochs=1
+    )
+    assert s.iri_quality is None
+    cached = sl.stitch(
+        model,
+        model,
+        "blocks.1",
+        data,
+        objective="dm",
+        protocol="iris",
+        iris_cache=tmp_path,
+        iris_options=dict(steps=3),
+        epochs=0,
+        allow_flagged_iris=True,
+    )
+    assert cached.iri_quality.flagged  # 3 steps cannot converge
+    with pytest.raises(IRIError, match="allow_flagged_iris"):
+        sl.stitch(
+            model,
+            model,
+            "blocks.1",
+            data,
+            protocol="iris",
+            iris_cache=tmp_path,
+            iris_options=dict(steps=3),
+            epochs=0,
+        )
+    with pytest.raises(ValueError, match="one IRI per image"):
+        sl.stitch(model, model, "blocks.1", data, protocol="iris", iris=iris.iris[:10])
+    with pytest.raises(ValueError, match="protocol='iris'"):
+        sl.stitch(model, model, "blocks.1", data, iris=iris)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        generate_iris_set(model, "blocks.1", data, tmp_path / "ok", steps=60, **FAST)
