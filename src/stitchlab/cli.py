@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import csv
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -15,6 +14,14 @@ __all__ = ["main"]
 EXAMPLES = {
     "layers": "stitchlab layers resnet18 --width 16\n  stitchlab layers vit_tiny_patch4_32",
     "demo": "stitchlab demo --out demo-out\n  stitchlab demo --out /tmp/d --quick",
+    "run": "stitchlab run configs/cpu/a_cues.toml --out runs/a\n  "
+    "stitchlab run configs/cpu/a_cues.toml --out runs/a --ray\n  "
+    "stitchlab run my.toml --out x --check",
+    "report": "stitchlab report runs/a",
+    "stitch": "stitchlab stitch runs/a/store/models/seed1-*/model.safetensors "
+    "runs/a/store/models/back-*/model.safetensors blocks.2 --protocol iris",
+    "iris": "stitchlab iris small_cnn blocks.1 --cache /tmp/iris --steps 40",
+    "train": "stitchlab train --model small_cnn --data shapes --recipe fast --out /tmp/m",
 }
 
 
@@ -39,63 +46,128 @@ def _cmd_layers(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from . import evaluate, models, stitch, stitch_points
-    from .data import shapes
-    from .train import train_classifier
+    from .experiments import builtin_config, run_experiment
 
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    torch.set_num_threads(max(1, torch.get_num_threads()))
-    n_train, n_test, epochs, stitch_epochs = (1500, 500, 4, 2) if args.quick else (4000, 1000, 8, 4)
-    start = time.time()
-    train = shapes(n_train, seed=0)
-    test = shapes(n_test, seed=1)
-    nets = {}
-    for seed in (0, 1):
-        torch.manual_seed(seed)
-        net = models.create("small_cnn", width=16)
-        train_classifier(net, train, epochs=epochs, seed=seed)
-        nets[seed] = net
-        print(f"trained small_cnn seed {seed} ({time.time() - start:.0f} s)", flush=True)
-    back = nets[0]
-    pairs = {"identical": nets[0], "cross-seed": nets[1]}
-    rows = []
-    for pair, front in pairs.items():
-        for point in stitch_points(back):
-            for objective in ("hlm", "slm", "dm", "fula"):
-                s = stitch(
-                    front,
-                    back,
-                    point,
-                    train,
-                    objective=objective,
-                    epochs=stitch_epochs,
-                    lr=3e-3,
-                    seed=0,
-                )
-                scores = evaluate(s, test, back)
-                rows.append(
-                    {
-                        "pair": pair,
-                        "point": point,
-                        "objective": objective,
-                        "protocol": "standard",
-                        "seed": 0,
-                        **{k: round(v, 3) for k, v in scores.items()},
-                        "init_residual": round(float(s.init_residual or 0), 5),
-                    }
-                )
-                print(
-                    f"{pair:<11} {point:<9} {objective:<5} agreement {scores['agreement']:6.2f}",
-                    flush=True,
-                )
-    table = out / "results.csv"
-    with table.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
-    print(f"wrote {table} ({len(rows)} rows) in {time.time() - start:.0f} s")
+    config = builtin_config("demo_quick" if args.quick else "demo")
+    summary = run_experiment(config, args.out, progress=not args.no_progress)
+    _report(args.out, quiet=args.no_progress)
+    _print_finding(Path(args.out) / "results.csv")
+    print(f"demo finished in {summary['seconds']} s; report: {Path(args.out) / 'report.html'}")
     return 0
+
+
+def _print_finding(table: Path) -> None:
+    """Layer-averaged agreement per pair, objective and protocol (the demo's finding)."""
+    rows = list(csv.DictReader(table.open()))
+    cells: dict[tuple[str, str, str], list[float]] = {}
+    for r in rows:
+        cells.setdefault((r["pair"], r["objective"], r["protocol"]), []).append(
+            float(r["agreement"])
+        )
+    print("layer-averaged agreement (%)   standard   iris")
+    for pair in dict.fromkeys(r["pair"] for r in rows):
+        for obj in ("hlm", "slm", "dm", "fula"):
+            std = cells.get((pair, obj, "standard"))
+            iri = cells.get((pair, obj, "iris"))
+            if std is None and iri is None:
+                continue
+            fmt = lambda v: f"{sum(v) / len(v):8.1f}" if v else "       -"  # noqa: E731
+            print(f"  {pair:<12} {obj:<5}            {fmt(std)}   {fmt(iri)}")
+
+
+def _report(out: str, quiet: bool = False) -> None:
+    try:
+        from .report import make_report
+    except ImportError as exc:  # matplotlib/pandas missing
+        print(f"no report: {exc}", file=sys.stderr)
+        return
+    path = make_report(out)
+    if not quiet:
+        print(f"report written to {path}")
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from .experiments import LocalExecutor, RayExecutor, load_config, run_experiment
+
+    exp = load_config(args.config)  # checked completely before anything runs
+    if args.check:
+        print(f"{args.config}: valid ({len(exp.pairs)} pairs, {len(exp.models)} models)")
+        return 0
+    executor = (
+        RayExecutor(args.ray_address, cpus_per_job=exp.run["threads"])
+        if args.ray or args.ray_address
+        else LocalExecutor()
+    )
+    run_experiment(exp, args.out, executor=executor, progress=not args.no_progress)
+    if not args.no_report:
+        _report(args.out)
+    return 0
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    from .report import make_report
+
+    print(make_report(args.dir, num_classes=args.num_classes, spread=args.spread))
+    return 0
+
+
+def _load_model_arg(spec: str):
+    from . import models
+
+    if Path(spec).exists():
+        return models.load(spec)
+    return models.create(spec)
+
+
+def _data_arg(args: argparse.Namespace):
+    from .data import shapes
+
+    if args.data_root:
+        from .data import cifar10, subset
+
+        return subset(cifar10(args.data_root, train=True), args.n, seed=0), subset(
+            cifar10(args.data_root, train=False), args.n_test, seed=0
+        )
+    x, y = shapes(args.n, seed=0)
+    xt, yt = shapes(args.n_test, seed=1)
+    return (x, y), (xt, yt)
+
+
+def _cmd_stitch(args: argparse.Namespace) -> int:
+    from . import evaluate, stitch
+
+    front, back = _load_model_arg(args.front), _load_model_arg(args.back)
+    train, test = _data_arg(args)
+    s = stitch(front, back, args.point, train, objective=args.objective,
+               back_point=args.back_point, protocol=args.protocol, epochs=args.epochs,
+               lr=args.lr, progress=True, iris_cache=args.iris_cache)  # fmt: skip
+    scores = evaluate(s, test, back)
+    print(f"stitch layer: {s.stitch_layer.src} -> {s.stitch_layer.dst}; "
+          f"init residual {s.init_residual}")  # fmt: skip
+    if s.iri_quality is not None:
+        print(s.iri_quality)
+    for k, v in scores.items():
+        print(f"  {k:<22} {v:8.3f}")
+    return 0
+
+
+def _cmd_iris(args: argparse.Namespace) -> int:
+    from .iris import generate_iris_set
+
+    model = _load_model_arg(args.model)
+    train, _ = _data_arg(args)
+    options = {"steps": args.steps, "step_size": args.step_size}
+    if args.final_step_size is not None:
+        options["final_step_size"] = args.final_step_size
+    iri_set = generate_iris_set(model, args.point, train, args.cache, progress=True, **options)
+    print(f"{iri_set.root}: {iri_set.quality}")
+    return 0
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    from .train.command import run_train_command
+
+    return run_train_command(args)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -121,10 +193,61 @@ def _parser() -> argparse.ArgumentParser:
     lay.add_argument("--input-size", type=int, default=None, help="image side (32 or 224)")
     lay.set_defaults(func=_cmd_layers)
 
-    demo = add("demo", "Train small networks on generated data and stitch them.")
+    demo = add("demo", "The main job: train small networks on generated data, stitch them.")
     demo.add_argument("--out", required=True, help="output folder")
-    demo.add_argument("--quick", action="store_true", help="a smaller, faster run")
+    demo.add_argument("--quick", action="store_true", help="a smaller run (under 2 minutes)")
+    demo.add_argument("--no-progress", action="store_true")
     demo.set_defaults(func=_cmd_demo)
+
+    run = add("run", "Run (or resume) an experiment config; then write its report.")
+    run.add_argument("config", help="a TOML experiment config (see configs/)")
+    run.add_argument("--out", required=True, help="output folder (results, store, report)")
+    run.add_argument("--check", action="store_true", help="only validate the config")
+    run.add_argument("--ray", action="store_true", help="run the jobs on a local Ray cluster")
+    run.add_argument("--ray-address", default=None, help="address of a running Ray cluster")
+    run.add_argument("--no-report", action="store_true")
+    run.add_argument("--no-progress", action="store_true")
+    run.set_defaults(func=_cmd_run)
+
+    rep = add("report", "Write figures and an HTML report from a run folder's tables.")
+    rep.add_argument("dir", help="a run folder (with results.csv)")
+    rep.add_argument("--num-classes", type=int, default=None, help="for the chance level")
+    rep.add_argument("--spread", default="minmax", choices=("minmax", "std", "none"),
+                     help="seed spread drawn around the mean curves")  # fmt: skip
+    rep.set_defaults(func=_cmd_report)
+
+    st = add("stitch", "Stitch two models at one point and print the scores.")
+    st.add_argument("front", help="checkpoint path or registered model name")
+    st.add_argument("back", help="checkpoint path or registered model name")
+    st.add_argument("point", help="stitch point of the front (see stitchlab layers)")
+    st.add_argument("--back-point", default=None)
+    st.add_argument("--objective", default="slm", choices=("hlm", "slm", "dm", "fula"))
+    st.add_argument("--protocol", default="standard", choices=("standard", "iris"))
+    st.add_argument("--iris-cache", default=None, help="folder to cache IRI sets in")
+    st.add_argument("--epochs", type=int, default=30)
+    st.add_argument("--lr", type=float, default=1e-3)
+    st.add_argument("--data-root", default=None, help="CIFAR-10 folder (default: generated)")
+    st.add_argument("--n", type=int, default=2000, help="stitching images")
+    st.add_argument("--n-test", type=int, default=1000, help="test images")
+    st.set_defaults(func=_cmd_stitch)
+
+    ir = add("iris", "Generate (or resume) the IRI set of a model at a point; print quality.")
+    ir.add_argument("model", help="checkpoint path or registered model name")
+    ir.add_argument("point")
+    ir.add_argument("--cache", required=True, help="IRI cache folder")
+    ir.add_argument("--steps", type=int, default=200)
+    ir.add_argument("--step-size", type=float, default=1 / 255)
+    ir.add_argument("--final-step-size", type=float, default=None)
+    ir.add_argument("--data-root", default=None, help="CIFAR-10 folder (default: generated)")
+    ir.add_argument("--n", type=int, default=2000)
+    ir.add_argument("--n-test", type=int, default=1)
+    ir.set_defaults(func=_cmd_iris)
+
+    from .train.command import add_train_arguments
+
+    tr = add("train", "Train a base model (standard, shortcut, adversarial, SimCLR).")
+    add_train_arguments(tr)
+    tr.set_defaults(func=_cmd_train)
     return p
 
 
@@ -133,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)
-    except (KeyError, ValueError, TypeError) as exc:
+    except (KeyError, ValueError, TypeError, RuntimeError, OSError) as exc:
         msg = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
         print(f"stitchlab {args.command}: error: {msg}", file=sys.stderr)
         return 2

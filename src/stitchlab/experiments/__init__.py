@@ -1,0 +1,35 @@
+"""Experiments as configuration: validated TOML configs, a resumable job graph, executors.
+
+* :func:`load_config` reads and checks a config (an unknown key, point or model is an
+  error that names it) before anything runs.
+* :func:`run_experiment` runs it: base models, IRI sets, stitch runs, scores; finished
+  jobs are stored and reused, in-process or on Ray.
+* :func:`builtin_config` gives the packaged configs (``demo``, ``demo_quick``).
+"""
+
+from pathlib import Path
+
+from .config import ConfigError, Experiment, load_config, stable_hash
+from .runner import RESULT_COLUMNS, LocalExecutor, RayExecutor, RunSummary, run_experiment
+
+__all__ = [
+    "ConfigError",
+    "Experiment",
+    "load_config",
+    "stable_hash",
+    "run_experiment",
+    "RunSummary",
+    "LocalExecutor",
+    "RayExecutor",
+    "RESULT_COLUMNS",
+    "builtin_config",
+]
+
+
+def builtin_config(name: str) -> Path:
+    """Path of a packaged config (``demo`` or ``demo_quick``)."""
+    path = Path(__file__).parent / "configs" / f"{name}.toml"
+    if not path.exists():
+        names = sorted(p.stem for p in path.parent.glob("*.toml"))
+        raise ConfigError(f"no built-in config {name!r}; available: {', '.join(names)}")
+    return path

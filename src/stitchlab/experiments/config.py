@@ -1,0 +1,284 @@
+"""Experiment configuration: a TOML file (or dict) checked completely before anything runs.
+
+A config names the data, the model families (each trained once and stored), the pairs
+(front model(s) and back model, optionally a shortcut marker on the stitching and test
+data), the points, objectives and protocols, and the stitch-training and IRI settings::
+
+    name = "demo"
+    reductions = ["small generated data set instead of CIFAR-10"]
+
+    [data]
+    kind = "cues"            # cues | shapes | cifar10 | mnist | coloured_mnist
+    n_train = 3000
+    n_test = 1000
+    options = { label_cues = ["shape"] }
+
+    [models.back]
+    arch = "small_cnn"
+    options = { width = 16 }
+    seed = 0
+    recipe = { epochs = 6 }          # fast recipe fields; base = "paper" for the paper's
+
+    [models.shortcut]
+    arch = "small_cnn"
+    seed = 2
+    marker = "pixel+loc"             # trained on marked data: a pixel-shortcut network
+
+    [pairs.cross-bias]
+    front = "shortcut"               # or a list of models: one curve per front seed
+    back = "back"
+    marker = "pixel+loc"             # stitching and test data carry the marker
+
+    [stitch]
+    points = "all"
+    objectives = ["hlm", "slm", "dm", "fula"]
+    protocols = ["standard", "iris"]
+    n_stitch = 1000
+    training = { epochs = 8, lr = 3e-3 }
+
+    [iris]
+    steps = 40
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+import hashlib
+import json
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = ["ConfigError", "Experiment", "load_config", "stable_hash"]
+
+DATA_KINDS = ("cues", "shapes", "cifar10", "mnist", "coloured_mnist")
+OBJECTIVES = ("hlm", "slm", "dm", "fula")
+PROTOCOLS = ("standard", "iris")
+MARKERS = ("pixel+loc", "pixel", "rand")
+METHODS = ("standard", "adversarial", "simclr")
+
+_TOP = {"name", "description", "reductions", "data", "models", "pairs", "stitch", "iris", "run"}
+_DATA = {"kind", "root", "n_train", "n_test", "seed", "options", "num_classes", "test_iris"}
+_MODEL = {"arch", "options", "seed", "method", "marker", "recipe", "base", "robust_eval"}
+_PAIR = {"front", "back", "marker", "back_point_map"}
+_STITCH = {
+    "points", "objectives", "protocols", "n_stitch", "n_init", "training", "seeds",
+    "iris_branches", "excess", "eval_batch_size",
+}  # fmt: skip
+_RUN = {"threads", "device"}
+
+
+class ConfigError(ValueError):
+    """An invalid experiment configuration; the message names the offending entry."""
+
+
+def stable_hash(obj: Any, length: int = 16) -> str:
+    """Hash of a JSON-serialisable object, independent of key order."""
+    text = json.dumps(obj, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:length]
+
+
+def _check_keys(section: dict, allowed: set[str], where: str) -> None:
+    if not isinstance(section, dict):
+        raise ConfigError(f"{where} must be a table, got {type(section).__name__}")
+    for key in section:
+        if key not in allowed:
+            close = difflib.get_close_matches(key, sorted(allowed), n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ConfigError(
+                f"unknown key {key!r} in {where}{hint}; allowed: {', '.join(sorted(allowed))}"
+            )
+
+
+def _one_of(value: Any, allowed: tuple[str, ...], where: str) -> str:
+    if value not in allowed:
+        raise ConfigError(f"{where} is {value!r}; choose one of {', '.join(allowed)}")
+    return value
+
+
+@dataclass
+class Experiment:
+    """A validated experiment configuration."""
+
+    name: str
+    raw: dict[str, Any]
+    description: str = ""
+    reductions: list[str] = field(default_factory=list)
+    points: dict[str, list[str]] = field(default_factory=dict)  # pair -> points
+
+    @property
+    def data(self) -> dict[str, Any]:
+        """The ``[data]`` table with defaults."""
+        return self.raw["data"]
+
+    @property
+    def models(self) -> dict[str, dict[str, Any]]:
+        """Model name -> model table."""
+        return self.raw["models"]
+
+    @property
+    def pairs(self) -> dict[str, dict[str, Any]]:
+        """Pair name -> pair table (``front`` always a list)."""
+        return self.raw["pairs"]
+
+    @property
+    def stitch(self) -> dict[str, Any]:
+        """The ``[stitch]`` table with defaults."""
+        return self.raw["stitch"]
+
+    @property
+    def iris(self) -> dict[str, Any]:
+        """IRI recipe options."""
+        return self.raw["iris"]
+
+    @property
+    def run(self) -> dict[str, Any]:
+        """Execution settings (threads per job, device)."""
+        return self.raw["run"]
+
+
+def load_config(source: str | Path | dict[str, Any]) -> Experiment:
+    """Read and validate a config (a TOML path or a dict); raise :class:`ConfigError`."""
+    if isinstance(source, dict):
+        raw = copy.deepcopy(source)
+    else:
+        path = Path(source)
+        if not path.exists():
+            raise ConfigError(f"config file {path} does not exist")
+        try:
+            raw = tomllib.loads(path.read_text())
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{path} is not valid TOML: {exc}") from exc
+    return _validate(raw)
+
+
+def _validate(raw: dict[str, Any]) -> Experiment:
+    from .. import models as model_registry
+
+    _check_keys(raw, _TOP, "the config")
+    for required in ("name", "data", "models", "pairs"):
+        if required not in raw:
+            raise ConfigError(f"the config needs a {required!r} entry")
+    data = {"seed": 0, "options": {}, "num_classes": 10, "root": "", "test_iris": False}
+    data.update(raw["data"])
+    _check_keys(data, _DATA, "[data]")
+    _one_of(data.get("kind"), DATA_KINDS, "[data] kind")
+    for key in ("n_train", "n_test"):
+        if not isinstance(data.get(key), int) or data[key] < 1:
+            raise ConfigError(f"[data] {key} must be a positive integer, got {data.get(key)!r}")
+    if data["kind"] in ("cifar10", "mnist", "coloured_mnist") and not data["root"]:
+        raise ConfigError(f"[data] kind {data['kind']!r} needs a root folder (root = '...')")
+    raw["data"] = data
+
+    models = {}
+    for name, spec in raw["models"].items():
+        where = f"[models.{name}]"
+        _check_keys(spec, _MODEL, where)
+        full = {"options": {}, "seed": 0, "method": "standard", "marker": None, "recipe": {},
+                "base": "fast", "robust_eval": False, **spec}  # fmt: skip
+        if full.get("arch") not in model_registry.list_models():
+            close = difflib.get_close_matches(str(full.get("arch")), model_registry.list_models())
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ConfigError(
+                f"{where} arch {full.get('arch')!r} is not a known model{hint}; known: "
+                f"{', '.join(model_registry.list_models())}"
+            )
+        _one_of(full["method"], METHODS, f"{where} method")
+        if full["marker"] is not None:
+            _one_of(full["marker"], MARKERS, f"{where} marker")
+        _one_of(full["base"], ("fast", "paper"), f"{where} base")
+        models[name] = full
+    raw["models"] = models
+
+    pairs = {}
+    for name, spec in raw["pairs"].items():
+        where = f"[pairs.{name}]"
+        _check_keys(spec, _PAIR, where)
+        fronts = spec.get("front")
+        fronts = [fronts] if isinstance(fronts, str) else list(fronts or [])
+        if not fronts:
+            raise ConfigError(f"{where} needs a front model")
+        for m in [*fronts, spec.get("back")]:
+            if m not in models:
+                raise ConfigError(f"{where} refers to model {m!r}, which [models] does not define")
+        marker = spec.get("marker")
+        if marker is not None:
+            _one_of(marker, MARKERS, f"{where} marker")
+        pairs[name] = {"front": fronts, "back": spec["back"], "marker": marker}
+    raw["pairs"] = pairs
+
+    stitch = {
+        "points": "all", "objectives": list(OBJECTIVES), "protocols": ["standard"],
+        "n_stitch": 1000, "n_init": 500, "training": {}, "seeds": [0],
+        "iris_branches": "both", "excess": False, "eval_batch_size": 256,
+    }  # fmt: skip
+    stitch.update(raw.get("stitch", {}))
+    _check_keys(stitch, _STITCH, "[stitch]")
+    for o in stitch["objectives"]:
+        _one_of(o, OBJECTIVES, "[stitch] objectives entry")
+    for p in stitch["protocols"]:
+        _one_of(p, PROTOCOLS, "[stitch] protocols entry")
+    _one_of(stitch["iris_branches"], ("both", "front", "back"), "[stitch] iris_branches")
+    from ..fit import TrainingConfig
+
+    try:
+        TrainingConfig.from_kwargs(**stitch["training"])
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"[stitch] training: {exc}") from exc
+    raw["stitch"] = stitch
+
+    from ..iris import IRIRecipe
+
+    iris = dict(raw.get("iris", {}))
+    try:
+        IRIRecipe.from_kwargs(**{k: v for k, v in iris.items() if k != "threshold"})
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"[iris]: {exc}") from exc
+    raw["iris"] = iris
+    run = {"threads": 2, "device": "cpu"}
+    run.update(raw.get("run", {}))
+    _check_keys(run, _RUN, "[run]")
+    raw["run"] = run
+
+    exp = Experiment(
+        name=str(raw["name"]),
+        raw=raw,
+        description=str(raw.get("description", "")),
+        reductions=list(raw.get("reductions", [])),
+    )
+    exp.points = _check_points(exp)
+    return exp
+
+
+def _check_points(exp: Experiment) -> dict[str, list[str]]:
+    """The points of every pair, checked against the back model's stitch points."""
+    from .. import models as model_registry
+    from ..split import stitch_points
+
+    cache: dict[str, list[str]] = {}
+    out = {}
+    for pair, spec in exp.pairs.items():
+        back = exp.models[spec["back"]]
+        key = stable_hash([back["arch"], back["options"]])
+        if key not in cache:
+            model = model_registry.create(
+                back["arch"], num_classes=exp.data["num_classes"], **back["options"]
+            )
+            cache[key] = stitch_points(model)
+        valid = cache[key]
+        wanted = exp.stitch["points"]
+        if wanted == "all":
+            out[pair] = list(valid)
+            continue
+        for p in wanted:
+            if p not in valid:
+                close = difflib.get_close_matches(p, valid, n=1)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                raise ConfigError(
+                    f"[stitch] point {p!r} is not a stitch point of {back['arch']}{hint}; "
+                    f"valid: {', '.join(valid)}"
+                )
+        out[pair] = list(wanted)
+    return out
