@@ -222,6 +222,17 @@ def _autocast(device: torch.device, recipe: IRIRecipe):
     return torch.autocast(device_type=device.type, enabled=False)
 
 
+def _error_and_grad(f: Tensor, target: Tensor, target_norm: Tensor) -> tuple[Tensor, Tensor]:
+    """Per-sample relative errors and their gradient with respect to ``f`` (analytic:
+    d/df ||f - t|| / ||t|| = (f - t) / (||f - t|| ||t||)), so that autograd only runs
+    through the network."""
+    diff = f.detach().float() - target
+    dist = torch.linalg.vector_norm(diff.flatten(1), dim=1)
+    scale = 1.0 / (dist * target_norm).clamp_min(1e-20)
+    grad = diff.mul_(scale.view(-1, *[1] * (diff.dim() - 1)))
+    return dist / target_norm, grad.to(f.dtype)
+
+
 def _optimise(
     front: nn.Module, x: Tensor, recipe: IRIRecipe, gen: torch.Generator
 ) -> tuple[Tensor, Tensor]:
@@ -230,34 +241,38 @@ def _optimise(
     device = x.device
     with torch.no_grad():
         target = front(x).float()
+    target_norm = torch.linalg.vector_norm(target.flatten(1), dim=1).clamp_min(1e-12)
     x_adv = _start(x, recipe, gen).clamp(lo, hi)
     active = torch.ones(x.shape[0], dtype=torch.bool, device=device)
     m = v = None
     if recipe.optimizer == "adam":
         m, v = torch.zeros_like(x_adv), torch.zeros_like(x_adv)
     numel = x[0].numel()
+    early = recipe.tolerance is not None
     for t in range(recipe.steps):
-        idx = active.nonzero().squeeze(1) if recipe.tolerance is not None else None
-        xa = x_adv if idx is None else x_adv[idx]
+        idx = active.nonzero().squeeze(1) if early else None
+        xa = (x_adv if idx is None else x_adv[idx]).detach().requires_grad_(True)
         ta = target if idx is None else target[idx]
-        xa = xa.detach().requires_grad_(True)
+        tn = target_norm if idx is None else target_norm[idx]
         with _autocast(device, recipe):
             f = front(xa)
-        err = _per_sample_error(f, ta)
-        (grad,) = torch.autograd.grad(err.sum(), xa)
+        err, g = _error_and_grad(f, ta, tn)
+        (grad,) = torch.autograd.grad(f, xa, grad_outputs=g)
         alpha = recipe.step_at(t)
         with torch.no_grad():
+            new = xa.detach()
             if recipe.optimizer == "sign":
-                step = alpha * grad.sign()
+                new.add_(grad.sign_(), alpha=-alpha)
             elif recipe.optimizer == "l2":  # per-sample L2 step of length alpha * sqrt(D)
                 norm = grad.flatten(1).norm(dim=1).clamp_min(1e-12)
-                step = alpha * math.sqrt(numel) * grad / norm.view(-1, *[1] * (grad.dim() - 1))
+                scale = (alpha * math.sqrt(numel)) / norm
+                new.sub_(grad * scale.view(-1, *[1] * (grad.dim() - 1)))
             else:
                 mi = m if idx is None else m[idx]
                 vi = v if idx is None else v[idx]
                 mi = 0.9 * mi + 0.1 * grad
                 vi = 0.999 * vi + 0.001 * grad * grad
-                step = (
+                new.sub_(
                     alpha
                     * (mi / (1 - 0.9 ** (t + 1)))
                     / ((vi / (1 - 0.999 ** (t + 1))).sqrt() + 1e-8)
@@ -266,13 +281,12 @@ def _optimise(
                     m, v = mi, vi
                 else:
                     m[idx], v[idx] = mi, vi
-            new = (xa - step).clamp(lo, hi)
+            new.clamp_(lo, hi)
             if idx is None:
                 x_adv = new
             else:
                 x_adv[idx] = new
-                done = err.detach() < recipe.tolerance
-                active[idx[done]] = False
+                active[idx[err < recipe.tolerance]] = False
                 if not bool(active.any()):
                     break
     return x_adv.detach(), target
