@@ -23,6 +23,8 @@ data), the points, objectives and protocols, and the stitch-training and IRI set
     arch = "small_cnn"
     seed = 2
     marker = "pixel+loc"             # trained on marked data: a pixel-shortcut network
+    data = { kind = "mnist" }        # optional: train this model on other data (the
+                                     # stitching and test data are always [data])
 
     [pairs.cross-bias]
     front = "shortcut"               # or a list of models: one curve per front seed
@@ -61,7 +63,7 @@ METHODS = ("standard", "adversarial", "simclr")
 
 _TOP = {"name", "description", "reductions", "data", "models", "pairs", "stitch", "iris", "run"}
 _DATA = {"kind", "root", "n_train", "n_test", "seed", "options", "num_classes", "test_iris"}
-_MODEL = {"arch", "options", "seed", "method", "marker", "recipe", "base", "robust_eval"}
+_MODEL = {"arch", "options", "seed", "method", "marker", "recipe", "base", "robust_eval", "data"}
 _PAIR = {"front", "back", "marker", "back_point_map"}
 _STITCH = {
     "points", "objectives", "protocols", "n_stitch", "n_init", "training", "seeds",
@@ -177,7 +179,10 @@ def _validate(raw: dict[str, Any]) -> Experiment:
         where = f"[models.{name}]"
         _check_keys(spec, _MODEL, where)
         full = {"options": {}, "seed": 0, "method": "standard", "marker": None, "recipe": {},
-                "base": "fast", "robust_eval": False, **spec}  # fmt: skip
+                "base": "fast", "robust_eval": False, "data": {}, **spec}  # fmt: skip
+        _check_keys(full["data"], _DATA, f"{where} data")
+        if "kind" in full["data"]:
+            _one_of(full["data"]["kind"], DATA_KINDS, f"{where} data kind")
         if full.get("arch") not in model_registry.list_models():
             close = difflib.get_close_matches(str(full.get("arch")), model_registry.list_models())
             hint = f" (did you mean {close[0]!r}?)" if close else ""

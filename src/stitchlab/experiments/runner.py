@@ -121,7 +121,8 @@ def train_job(job: dict[str, Any]) -> dict[str, Any]:
 
     exp_raw, name = job["exp"], job["model"]
     store = Path(job["store"])
-    spec, data = exp_raw["models"][name], exp_raw["data"]
+    spec = exp_raw["models"][name]
+    data = {**exp_raw["data"], **spec["data"]}  # a model may be trained on other data
     out = _model_dir(store, exp_raw, name)
     if (out / MODEL_FILE).exists():
         return {"model": name, "reused": True, **models.describe(out / MODEL_FILE)}
@@ -194,7 +195,12 @@ def stitch_key(exp_raw: dict[str, Any], job: dict[str, Any]) -> str:
         "objective": job["objective"],
         "protocol": job["protocol"],
         "stitch_seed": job["stitch_seed"],
-        "stitch": {k: v for k, v in exp_raw["stitch"].items() if k not in ("points",)},
+        # the settings shared by all runs, not the lists that enumerate the runs
+        "stitch": {
+            k: v
+            for k, v in exp_raw["stitch"].items()
+            if k not in ("points", "objectives", "protocols", "seeds")
+        },
         "data": exp_raw["data"],
         "iris": exp_raw["iris"] if job["protocol"] == "iris" else None,
     }
@@ -234,7 +240,8 @@ def stitch_job(job: dict[str, Any]) -> dict[str, Any]:
         device=exp_raw["run"]["device"], **st["training"],
     )  # fmt: skip
     test_marked = _marked(test, job["marker"], data)
-    scores = evaluate(stitched, test_marked, back, batch_size=st["eval_batch_size"])
+    reference = _reference_logits(exp_raw, store, job["back"], job["marker"])
+    scores = evaluate(stitched, test_marked, reference, batch_size=st["eval_batch_size"])
     row: dict[str, Any] = {
         "experiment": exp_raw["name"], "pair": job["pair"], "front": job["front"],
         "back": job["back"], "point": job["point"], "point_index": job["point_index"],
@@ -245,7 +252,8 @@ def stitch_job(job: dict[str, Any]) -> dict[str, Any]:
     }  # fmt: skip
     if job["marker"] and st["excess"]:
         rolled = _marked(test, job["marker"], data, rolled=True)
-        row["agreement_rolled"] = evaluate(stitched, rolled, back)["agreement"]
+        ref_rolled = _reference_logits(exp_raw, store, job["back"], job["marker"], rolled=True)
+        row["agreement_rolled"] = evaluate(stitched, rolled, ref_rolled)["agreement"]
         row["excess_agreement"] = row["agreement"] - row["agreement_rolled"]
     q = stitched.iri_quality
     if q is not None:
@@ -255,6 +263,18 @@ def stitch_job(job: dict[str, Any]) -> dict[str, Any]:
     _atomic_json(path, row)
     row["_reused"] = False
     return row
+
+
+def _reference_logits(exp_raw, store: Path, back: str, marker, rolled: bool = False):
+    """The back model's logits on the (marked) test data, computed once per process."""
+    from .._data import predict
+
+    def make():
+        _, test = _base_data(exp_raw["data"])
+        model = _load_model(exp_raw, store, back)
+        return predict(model, _marked(test, marker, exp_raw["data"], rolled=rolled))[0]
+
+    return _memo(f"ref:{model_key(exp_raw, back)}:{marker}:{rolled}", make)
 
 
 def front_job(job: dict[str, Any]) -> dict[str, Any]:

@@ -1,0 +1,165 @@
+"""Experiments as configuration: validation, end-to-end runs, resumption, executors."""
+
+import copy
+import csv
+
+import pytest
+
+from stitchlab.cli import main
+from stitchlab.experiments import (
+    ConfigError,
+    LocalExecutor,
+    builtin_config,
+    load_config,
+    run_experiment,
+)
+
+TINY = {
+    "name": "tiny",
+    "data": {"kind": "shapes", "n_train": 240, "n_test": 80, "seed": 0},
+    "models": {
+        "back": {"arch": "small_cnn", "options": {"width": 4}, "seed": 0,
+                 "recipe": {"epochs": 1, "augment": False}},
+        "other": {"arch": "small_cnn", "options": {"width": 4}, "seed": 1,
+                  "recipe": {"epochs": 1, "augment": False}},
+    },
+    "pairs": {
+        "identical": {"front": "back", "back": "back"},
+        "cross-seed": {"front": "other", "back": "back"},
+    },
+    "stitch": {
+        "points": ["blocks.1", "blocks.3"], "objectives": ["slm", "dm"],
+        "protocols": ["standard", "iris"], "n_stitch": 48, "n_init": 48,
+        "training": {"epochs": 1, "batch_size": 16},
+    },
+    "iris": {"steps": 3, "batch_size": 16, "threshold": 10.0},
+    "run": {"threads": 1},
+}
+
+
+def _rows(path):
+    with open(path) as f:
+        return list(csv.DictReader(f))
+
+
+def _without_seconds(rows):
+    return [{k: v for k, v in r.items() if k != "seconds"} for r in rows]
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda c: c.update(colour="red"), "unknown key 'colour' in the config"),
+        (lambda c: c["stitch"].update(objective=["slm"]), "did you mean 'objectives'"),
+        (lambda c: c["stitch"].update(points=["blocks.7"]), "'blocks.7' is not a stitch point"),
+        (lambda c: c["models"]["back"].update(arch="resnet19"), "did you mean 'resnet18'"),
+        (lambda c: c["pairs"]["identical"].update(back="nobody"), "model 'nobody'"),
+        (lambda c: c["stitch"].update(objectives=["kl"]), "objectives entry is 'kl'"),
+        (lambda c: c["stitch"]["training"].update(epoch=3), "Unknown training option"),
+        (lambda c: c["iris"].update(stepz=3), "Unknown IRI option"),
+        (lambda c: c["data"].update(kind="imagenet"), "[data] kind is 'imagenet'"),
+        (lambda c: c["pairs"]["identical"].update(marker="dot"), "marker is 'dot'"),
+    ],
+)
+def test_invalid_configs_name_the_problem(change, message):
+    config = copy.deepcopy(TINY)
+    change(config)
+    with pytest.raises(ConfigError) as err:
+        load_config(config)
+    assert message in str(err.value)
+
+
+def test_builtin_and_repository_configs_are_valid():
+    from pathlib import Path
+
+    for name in ("demo", "demo_quick"):
+        assert load_config(builtin_config(name)).name == name
+    configs = sorted((Path(__file__).parent.parent / "configs").rglob("*.toml"))
+    for path in configs:
+        load_config(path)
+
+
+def test_run_resume_extend(tmp_path):
+    out = tmp_path / "run"
+    first = run_experiment(TINY, out, progress=False)
+    rows = _rows(out / "results.csv")
+    assert len(rows) == 2 * 2 * 2 * 2 and first["stitch"]["run"] == 16
+    assert {r["pair"] for r in rows} == {"identical", "cross-seed"}
+    iris_rows = [r for r in rows if r["protocol"] == "iris"]
+    assert all(r["iri_median_error"] for r in iris_rows)
+    ident = [r for r in rows if r["pair"] == "identical" and r["protocol"] == "standard"]
+    assert all(float(r["agreement"]) > 95 for r in ident)
+    assert (out / "pairs.csv").exists() and (out / "iris_examples.safetensors").exists()
+
+    # a rerun reuses every finished job and writes the same table
+    (out / "results.csv").unlink()
+    again = run_experiment(TINY, out, progress=False)
+    assert again["stitch"]["run"] == 0 and again["models"]["run"] == 0
+    assert _rows(out / "results.csv") == rows
+
+    # an extended config only runs what is missing
+    bigger = copy.deepcopy(TINY)
+    bigger["stitch"]["objectives"] = ["slm", "dm", "fula"]
+    extended = run_experiment(bigger, out, progress=False)
+    assert extended["stitch"]["run"] == 8 and extended["stitch"]["total"] == 24
+
+
+def test_killed_stitch_stage_resumes(tmp_path, monkeypatch):
+    from stitchlab.experiments import runner
+
+    calls = {"n": 0}
+    real = runner.stitch_job
+
+    def flaky(job):
+        calls["n"] += 1
+        if calls["n"] == 5:
+            raise KeyboardInterrupt
+        return real(job)
+
+    monkeypatch.setattr(runner, "stitch_job", flaky)
+    with pytest.raises(KeyboardInterrupt):
+        run_experiment(TINY, tmp_path, progress=False)
+    monkeypatch.setattr(runner, "stitch_job", real)
+    resumed = run_experiment(TINY, tmp_path, progress=False)
+    assert resumed["stitch"]["run"] == 12  # 4 finished before the kill were reused
+
+
+def test_ray_and_in_process_give_the_same_table(tmp_path):
+    ray = pytest.importorskip("ray")
+    from stitchlab.experiments import RayExecutor
+
+    small = copy.deepcopy(TINY)
+    small["stitch"]["protocols"] = ["standard"]
+    run_experiment(small, tmp_path / "local", executor=LocalExecutor(), progress=False)
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        run_experiment(small, tmp_path / "ray", executor=RayExecutor(cpus_per_job=1),
+                       progress=False)
+    finally:
+        ray.shutdown()
+    local = _without_seconds(_rows(tmp_path / "local" / "results.csv"))
+    remote = _without_seconds(_rows(tmp_path / "ray" / "results.csv"))
+    assert local == remote and len(local) == 8
+
+
+def test_cli_run_check_and_errors(tmp_path, capsys):
+    bad = tmp_path / "bad.toml"
+    bad.write_text('name = "x"\ncolour = 1\n')
+    assert main(["run", str(bad), "--out", str(tmp_path / "o")]) == 2
+    assert "unknown key 'colour'" in capsys.readouterr().err
+    assert main(["run", str(builtin_config("demo")), "--out", str(tmp_path), "--check"]) == 0
+
+
+def test_quick_demo_end_to_end(tmp_path):
+    out = tmp_path / "demo"
+    assert main(["demo", "--out", str(out), "--quick", "--no-progress"]) == 0
+    rows = _rows(out / "results.csv")
+    assert {r["pair"] for r in rows} == {"identical", "cross-seed", "cross-bias"}
+    assert {r["objective"] for r in rows} == {"hlm", "slm", "dm", "fula"}
+    assert {r["protocol"] for r in rows} == {"standard", "iris"}
+    assert len({r["point"] for r in rows}) >= 3
+    for column in ("seed", "agreement", "accuracy", "iri_median_error"):
+        assert column in rows[0]
+    html = (out / "report.html").read_text()
+    assert "cross-bias" in html and "data:image/png" in html
+    assert any(p.suffix == ".png" for p in (out / "figures").iterdir())
