@@ -55,7 +55,11 @@ from typing import Any
 
 __all__ = ["ConfigError", "Experiment", "load_config", "stable_hash"]
 
-DATA_KINDS = ("cues", "shapes", "cifar10", "mnist", "coloured_mnist")
+DATA_KINDS = (
+    "cues", "shapes", "cifar10", "mnist", "coloured_mnist",
+    "ls_imagenet10", "imagenet100", "imagenet_b100",
+)  # fmt: skip
+DISK_KINDS = DATA_KINDS[2:]
 OBJECTIVES = ("hlm", "slm", "dm", "fula")
 PROTOCOLS = ("standard", "iris")
 MARKERS = ("pixel+loc", "pixel", "rand")
@@ -170,7 +174,7 @@ def _validate(raw: dict[str, Any]) -> Experiment:
     for key in ("n_train", "n_test"):
         if not isinstance(data.get(key), int) or data[key] < 1:
             raise ConfigError(f"[data] {key} must be a positive integer, got {data.get(key)!r}")
-    if data["kind"] in ("cifar10", "mnist", "coloured_mnist") and not data["root"]:
+    if data["kind"] in DISK_KINDS and not data["root"]:
         raise ConfigError(f"[data] kind {data['kind']!r} needs a root folder (root = '...')")
     raw["data"] = data
 

@@ -64,14 +64,11 @@ def _base_data(data: dict[str, Any]):
             x, y = gen(data["n_train"], seed=seed, **opts)[:2]
             xt, yt = gen(data["n_test"], seed=seed + 7919, **opts)[:2]
             return TensorDataset(x, y), TensorDataset(xt, yt)
-        if kind == "cifar10":
-            train, test = D.cifar10(data["root"], True), D.cifar10(data["root"], False)
-        elif kind == "mnist":
+        root = os.path.expandvars(os.path.expanduser(data["root"]))
+        if kind == "mnist":  # padded to 32x32 in colour, so that CIFAR-sized models take it
             opts = {"channels": 3, "size": 32, **opts}
-            train, test = D.mnist(data["root"], True, **opts), D.mnist(data["root"], False, **opts)
-        else:
-            train = D.coloured_mnist(data["root"], train=True, **opts)
-            test = D.coloured_mnist(data["root"], train=False, **opts)
+        reader = getattr(D, kind)  # cifar10, mnist, coloured_mnist, ImageNet folders
+        train, test = reader(root, train=True, **opts), reader(root, train=False, **opts)
         return (
             D.subset(train, data["n_train"], seed=seed),
             D.subset(test, data["n_test"], seed=seed),
