@@ -18,18 +18,29 @@ TINY = {
     "name": "tiny",
     "data": {"kind": "shapes", "n_train": 240, "n_test": 80, "seed": 0},
     "models": {
-        "back": {"arch": "small_cnn", "options": {"width": 4}, "seed": 0,
-                 "recipe": {"epochs": 1, "augment": False}},
-        "other": {"arch": "small_cnn", "options": {"width": 4}, "seed": 1,
-                  "recipe": {"epochs": 1, "augment": False}},
+        "back": {
+            "arch": "small_cnn",
+            "options": {"width": 4},
+            "seed": 0,
+            "recipe": {"epochs": 1, "augment": False},
+        },
+        "other": {
+            "arch": "small_cnn",
+            "options": {"width": 4},
+            "seed": 1,
+            "recipe": {"epochs": 1, "augment": False},
+        },
     },
     "pairs": {
         "identical": {"front": "back", "back": "back"},
         "cross-seed": {"front": "other", "back": "back"},
     },
     "stitch": {
-        "points": ["blocks.1", "blocks.3"], "objectives": ["slm", "dm"],
-        "protocols": ["standard", "iris"], "n_stitch": 48, "n_init": 48,
+        "points": ["blocks.1", "blocks.3"],
+        "objectives": ["slm", "dm"],
+        "protocols": ["standard", "iris"],
+        "n_stitch": 48,
+        "n_init": 48,
         "training": {"epochs": 1, "batch_size": 16},
     },
     "iris": {"steps": 3, "batch_size": 16, "threshold": 10.0},
@@ -133,8 +144,9 @@ def test_ray_and_in_process_give_the_same_table(tmp_path):
     run_experiment(small, tmp_path / "local", executor=LocalExecutor(), progress=False)
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
-        run_experiment(small, tmp_path / "ray", executor=RayExecutor(cpus_per_job=1),
-                       progress=False)
+        run_experiment(
+            small, tmp_path / "ray", executor=RayExecutor(cpus_per_job=1), progress=False
+        )
     finally:
         ray.shutdown()
     local = _without_seconds(_rows(tmp_path / "local" / "results.csv"))

@@ -1,5 +1,70 @@
-"""Data sets. ``synthetic`` needs no files: procedurally generated images."""
+"""Data sets: real ones from disk (read safely), generated ones, markers and subsets.
 
-from .synthetic import shapes
+* :func:`cifar10`, :func:`mnist`, :func:`coloured_mnist`: standard layouts on disk;
+* :func:`image_folder`, :func:`ls_imagenet10`, :func:`imagenet100`, :func:`imagenet_b100`
+  and :func:`build_ls_imagenet10`: ImageNet class-folder trees;
+* :func:`shapes`, :func:`cues`: generated in memory, no files;
+* :class:`Marked`: pixel-shortcut markers (Pixel+Loc, Pixel, Rand, rolled);
+* :func:`subset`: seeded subsets and per-class limits for fast runs.
 
-__all__ = ["shapes"]
+Every data set yields ``(image, label)`` with a float image ``(C, H, W)`` in [0, 1].
+"""
+
+from .cifar import CIFAR10_CLASSES, cifar10, download_cifar10
+from .folders import (
+    IMAGENET100_CLASSES,
+    LS_IMAGENET10_CLASSES,
+    ImageFolderDataset,
+    build_image_subset,
+    build_ls_imagenet10,
+    choose_imagenet_b100,
+    image_folder,
+    imagenet100,
+    imagenet_b100,
+    ls_imagenet10,
+)
+from .markers import MODES as MARKER_MODES
+from .markers import Marked, distinct_colours, marker_colours, marker_size
+from .mnist import VARIANTS as COLOURED_MNIST_VARIANTS
+from .mnist import ColouredMNIST, coloured_mnist, download_mnist, mnist, read_idx
+from .safe_pickle import UnsafePickleError, safe_load
+from .synthetic import cues, shapes
+from .tensors import DataFileError, ImageTensorDataset, labels_of, subset
+from .transforms import simclr_views, train_augmentation
+
+__all__ = [
+    "shapes",
+    "cues",
+    "cifar10",
+    "download_cifar10",
+    "CIFAR10_CLASSES",
+    "mnist",
+    "download_mnist",
+    "read_idx",
+    "coloured_mnist",
+    "ColouredMNIST",
+    "COLOURED_MNIST_VARIANTS",
+    "image_folder",
+    "ImageFolderDataset",
+    "ls_imagenet10",
+    "imagenet100",
+    "imagenet_b100",
+    "build_image_subset",
+    "build_ls_imagenet10",
+    "choose_imagenet_b100",
+    "LS_IMAGENET10_CLASSES",
+    "IMAGENET100_CLASSES",
+    "Marked",
+    "MARKER_MODES",
+    "distinct_colours",
+    "marker_colours",
+    "marker_size",
+    "ImageTensorDataset",
+    "labels_of",
+    "subset",
+    "train_augmentation",
+    "simclr_views",
+    "safe_load",
+    "DataFileError",
+    "UnsafePickleError",
+]

@@ -19,6 +19,10 @@ name                        what                                              po
 ``small_cnn``               a 4-block CNN for tests and demos, global pooling  4
                             after the last block (``width`` = 16)
 ==========================  ================================================  =========
+
+Checkpoints: :func:`save` writes the weights as safetensors with a JSON description
+(architecture, options, data, recipe, seed, accuracy, ...); :func:`load` rebuilds the
+model from it without executing anything stored in the file.
 """
 
 from __future__ import annotations
@@ -29,7 +33,18 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-__all__ = ["create", "register", "list_models", "SmallCNN"]
+__all__ = [
+    "create",
+    "register",
+    "list_models",
+    "SmallCNN",
+    "save",
+    "load",
+    "describe",
+    "read_weights",
+    "classifier_head",
+    "CheckpointError",
+]
 
 _REGISTRY: dict[str, Callable[..., nn.Module]] = {}
 
@@ -62,6 +77,8 @@ def create(name: str, num_classes: int = 10, **options) -> nn.Module:
     except TypeError as exc:
         raise TypeError(f"Bad options for model {name!r}: {exc}") from exc
     model.stitchlab_name = name  # type: ignore[assignment]
+    model.stitchlab_num_classes = num_classes  # type: ignore[assignment]
+    model.stitchlab_options = dict(options)  # type: ignore[assignment]
     return model
 
 
@@ -179,3 +196,21 @@ class SmallCNN(nn.Module):
 def small_cnn(num_classes: int = 10, width: int = 16, in_channels: int = 3) -> nn.Module:
     """The small CNN of tests and demos."""
     return SmallCNN(num_classes, width, in_channels)
+
+
+def classifier_head(model: nn.Module) -> tuple[str, nn.Linear]:
+    """``(attribute name, Linear)`` of the final classifier of a registry model.
+
+    ResNet and SmallCNN: ``fc``; VGG with the CIFAR head: ``classifier``; timm ViT: ``head``.
+    """
+    for name in ("fc", "head", "classifier"):
+        layer = getattr(model, name, None)
+        if isinstance(layer, nn.Linear):
+            return name, layer
+    raise ValueError(
+        f"{type(model).__name__} has no single Linear classifier (fc, head or classifier); "
+        "use a model with a linear head (for vgg16_bn: head='cifar')."
+    )
+
+
+from .checkpoint import CheckpointError, describe, load, read_weights, save  # noqa: E402

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ._data import DataLike, _module_device, as_dataset
+from .._data import DataLike, _module_device, as_dataset
 
 __all__ = ["train_classifier"]
 
