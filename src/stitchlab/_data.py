@@ -136,6 +136,16 @@ def _triple(item, device: torch.device) -> tuple[Tensor, Tensor, Tensor]:
     return x, y, xt
 
 
+def check_options(cls: type, kwargs: dict, what: str) -> None:
+    """Raise a TypeError listing the valid fields when ``kwargs`` names an unknown one."""
+    import dataclasses
+
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(kwargs) - names)
+    if unknown:
+        raise TypeError(f"Unknown {what} option(s) {unknown}; valid options: {sorted(names)}")
+
+
 @torch.inference_mode()
 def predict(
     model: torch.nn.Module, data: DataLike, *, batch_size: int = 256, device=None

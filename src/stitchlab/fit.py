@@ -12,7 +12,6 @@ every step then runs only the stitch layer and the back suffix (DM: only the lay
 from __future__ import annotations
 
 import copy
-import dataclasses
 import math
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -31,6 +30,7 @@ from ._data import (
     _triple,
     as_dataset,
     batches,
+    check_options,
     is_deterministic,
     triples,
 )
@@ -85,10 +85,7 @@ class TrainingConfig:
     @classmethod
     def from_kwargs(cls, **kwargs) -> TrainingConfig:
         """Build from keyword arguments; an unknown one is an error that lists the valid."""
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(kwargs) - names)
-        if unknown:
-            raise TypeError(f"Unknown training option(s) {unknown}; valid options: {sorted(names)}")
+        check_options(cls, kwargs, "training")
         cfg = cls(**kwargs)
         cfg.validate()
         return cfg

@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.data import Dataset
 
-from ._data import DataLike, _module_device, as_dataset, batches
+from ._data import DataLike, _module_device, as_dataset, batches, check_options
 from .split import split
 
 __all__ = [
@@ -99,10 +99,7 @@ class IRIRecipe:
     @classmethod
     def from_kwargs(cls, **kwargs) -> IRIRecipe:
         """Build and validate; an unknown option is an error listing the valid ones."""
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(kwargs) - names)
-        if unknown:
-            raise TypeError(f"Unknown IRI option(s) {unknown}; valid options: {sorted(names)}")
+        check_options(cls, kwargs, "IRI")
         if "box" in kwargs:
             kwargs["box"] = tuple(float(v) for v in kwargs["box"])
         recipe = cls(**kwargs)
