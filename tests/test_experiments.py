@@ -115,6 +115,18 @@ def test_run_resume_extend(tmp_path):
     assert extended["stitch"]["run"] == 8 and extended["stitch"]["total"] == 24
 
 
+def test_cka_table_on_test_data_and_test_iris(tmp_path):
+    config = copy.deepcopy(TINY)
+    config["pairs"] = {"identical": {"front": "back", "back": "back"}}
+    config["stitch"].update(protocols=["standard"], objectives=["dm"], cka=True)
+    run_experiment(config, tmp_path, progress=False)
+    rows = _rows(tmp_path / "cka.csv")
+    assert {(r["point"], r["data"]) for r in rows} == {
+        (p, d) for p in ("blocks.1", "blocks.3") for d in ("test", "test_iris")
+    }
+    assert all(float(r["cka"]) == pytest.approx(1.0) for r in rows)  # a model with itself
+
+
 def test_killed_stitch_stage_resumes(tmp_path, monkeypatch):
     from stitchlab.experiments import runner
 

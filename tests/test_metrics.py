@@ -70,3 +70,20 @@ def test_evaluate_returns_every_score(images):
     with torch.no_grad():
         ref_logits = model(x)
     assert sl.evaluate(s, (x, y), ref_logits)["agreement"] == pytest.approx(100.0)
+
+
+def test_cka_invariances_and_known_values():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(200, 20, generator=g, dtype=torch.float64)
+    q, _ = torch.linalg.qr(torch.randn(20, 20, generator=g, dtype=torch.float64))
+    assert sl.cka(x, x) == pytest.approx(1.0)
+    assert sl.cka(x, x @ q) == pytest.approx(1.0)  # a rotated copy scores as identical
+    assert sl.cka(x, 3.5 * x) == pytest.approx(1.0)  # isotropic scaling
+    y = torch.randn(200, 30, generator=g, dtype=torch.float64)
+    assert sl.cka(x, y) == pytest.approx(sl.cka(y, x))
+    assert abs(sl.cka(x, y)) < 0.05  # independent features: about 0 (unbiased estimator)
+    # a representation that keeps half of the (equal-variance) directions: CKA = sqrt(1/2)
+    half = torch.cat([x[:, :10], torch.zeros(200, 10, dtype=torch.float64)], 1)
+    assert sl.cka(x, half) == pytest.approx(0.5**0.5, abs=0.08)
+    with pytest.raises(ValueError, match="same inputs"):
+        sl.cka(x, y[:10])

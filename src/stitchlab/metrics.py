@@ -15,6 +15,7 @@ __all__ = [
     "chance_normalized",
     "excess_agreement",
     "layer_average",
+    "cka",
 ]
 
 
@@ -78,3 +79,34 @@ def layer_average(scores: Sequence[float]) -> float:
     if len(scores) == 0:
         raise ValueError("layer_average of an empty curve")
     return float(sum(scores) / len(scores))
+
+
+def _centered_gram_unbiased(x: torch.Tensor) -> torch.Tensor:
+    """The U-centred Gram matrix of Song et al. (2012), for the unbiased HSIC."""
+    n = x.shape[0]
+    k = x @ x.T
+    k.fill_diagonal_(0.0)
+    col = k.sum(0, keepdim=True) / (n - 2)
+    row = k.sum(1, keepdim=True) / (n - 2)
+    total = k.sum() / ((n - 1) * (n - 2))
+    u = k - col - row + total
+    u.fill_diagonal_(0.0)
+    return u
+
+
+def cka(x: torch.Tensor, y: torch.Tensor) -> float:
+    """Linear CKA with the unbiased HSIC estimator, between two representations of the
+    same ``n`` inputs (any shapes ``(n, ...)``; flattened per input). In [about 0, 1]:
+    invariant to orthogonal transforms and isotropic scaling of either side."""
+    if x.shape[0] != y.shape[0]:
+        raise ValueError(f"CKA needs the same inputs on both sides: {x.shape[0]} vs {y.shape[0]}")
+    n = x.shape[0]
+    if n < 4:
+        raise ValueError(f"unbiased CKA needs at least 4 inputs, got {n}")
+    kx = _centered_gram_unbiased(x.reshape(n, -1).double())
+    ky = _centered_gram_unbiased(y.reshape(n, -1).double())
+    hxy = (kx * ky).sum()
+    hxx = (kx * kx).sum()
+    hyy = (ky * ky).sum()
+    denom = torch.sqrt(hxx * hyy)
+    return float(hxy / denom) if float(denom) > 0 else 0.0

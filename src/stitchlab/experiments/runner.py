@@ -262,6 +262,44 @@ def stitch_job(job: dict[str, Any]) -> dict[str, Any]:
     return row
 
 
+def cka_job(job: dict[str, Any]) -> list[dict[str, Any]]:
+    """Experiment D: linear CKA between front and back at one point, on the test data and
+    on the front's IRIs of the test data (same IRI machinery and recipe)."""
+    from ..iris import generate_iris_set
+    from ..metrics import cka
+    from ..split import split
+
+    exp_raw, store = job["exp"], Path(job["store"])
+    torch.set_num_threads(exp_raw["run"]["threads"])
+    front = _load_model(exp_raw, store, job["front"])
+    back = _load_model(exp_raw, store, job["back"])
+    _, test = _base_data(exp_raw["data"])
+    test = _marked(test, job["marker"], exp_raw["data"])
+    f_front, _ = split(front, job["point"])
+    f_back, _ = split(back, job["point"])
+    opts = dict(exp_raw["iris"])
+    threshold = float(opts.pop("threshold", 0.5))
+    iri_set = generate_iris_set(
+        front, job["point"], test, store / "iris", threshold=threshold,
+        data_key=stable_hash(["test", exp_raw["data"], job["marker"]]), **opts,
+    )  # fmt: skip
+    rows = []
+    for name, data in (("test", test), ("test_iris", iri_set)):
+        from .._data import batches
+
+        fa, ba = [], []
+        with torch.no_grad():
+            for x, _ in batches(data, 256, torch.device(exp_raw["run"]["device"])):
+                fa.append(f_front(x).flatten(1).cpu())
+                ba.append(f_back(x).flatten(1).cpu())
+        rows.append({
+            "pair": job["pair"], "front": job["front"], "back": job["back"],
+            "point": job["point"], "point_index": job["point_index"], "data": name,
+            "cka": cka(torch.cat(fa), torch.cat(ba)),
+        })  # fmt: skip
+    return rows
+
+
 def _reference_logits(exp_raw, store: Path, back: str, marker, rolled: bool = False):
     """The back model's logits on the (marked) test data, computed once per process."""
     from .._data import predict
@@ -452,7 +490,19 @@ def run_experiment(
     summary["stitch"] = {"run": sum(not r["_reused"] for r in rows), "total": len(rows)}
     _write_csv(out / "results.csv", rows, RESULT_COLUMNS)
 
-    # 4. Front reference points and example IRIs
+    # 4. CKA on test data and on test IRIs (experiment D)
+    if exp.stitch["cka"]:
+        cka_jobs = [
+            {**base, "pair": pair, "front": f, "back": spec["back"], "marker": spec["marker"],
+             "point": point, "point_index": i}
+            for pair, spec in exp.pairs.items()
+            for f in spec["front"]
+            for i, point in enumerate(exp.points[pair], start=1)
+        ]  # fmt: skip
+        cka_rows = [r for rows_ in executor.map(cka_job, cka_jobs, "CKA") for r in rows_]
+        _write_csv(out / "cka.csv", cka_rows, list(cka_rows[0]))
+
+    # 5. Front reference points and example IRIs
     front_jobs = [
         {**base, "pair": pair, "front": f, "back": spec["back"], "marker": spec["marker"]}
         for pair, spec in exp.pairs.items()
