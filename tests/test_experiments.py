@@ -127,6 +127,19 @@ def test_cka_table_on_test_data_and_test_iris(tmp_path):
     assert all(float(r["cka"]) == pytest.approx(1.0) for r in rows)  # a model with itself
 
 
+def test_adversarial_stitching_rows_have_robust_agreement(tmp_path):
+    config = copy.deepcopy(TINY)
+    config["pairs"] = {"identical": {"front": "back", "back": "back"}}
+    config["stitch"].update(
+        protocols=["standard", "iris"], objectives=["slm"], attack={"eps": 4 / 255, "steps": 1}
+    )
+    config["stitch"]["training"]["adversarial"] = {"eps": 4 / 255, "steps": 1}
+    run_experiment(config, tmp_path, progress=False)
+    rows = _rows(tmp_path / "results.csv")
+    assert len(rows) == 4 and all(r["adversarial"] == "True" for r in rows)
+    assert all(0 <= float(r["robust_agreement"]) <= 100 for r in rows)
+
+
 def test_killed_stitch_stage_resumes(tmp_path, monkeypatch):
     from stitchlab.experiments import runner
 

@@ -273,3 +273,28 @@ def test_bn_training_mode_option_runs_streamed(images):
         batch_size=32,
     )
     assert not s.cache_used and not s.front.training  # eval mode after training
+
+
+def test_adversarial_stitch_training_and_robust_scores(images):
+    model = models.create("small_cnn", width=8).eval()
+    x, y = images
+    s = sl.stitch(
+        model,
+        model,
+        "blocks.1",
+        (x, y),
+        objective="slm",
+        epochs=1,
+        batch_size=32,
+        adversarial={"eps": 4 / 255, "steps": 2},
+    )
+    assert not s.cache_used  # attacked inputs change every step
+    scores = sl.evaluate(s, (x, y), model, attack={"eps": 4 / 255, "steps": 2})
+    assert {"robust_agreement", "robust_accuracy"} <= set(scores)
+    assert 0 <= scores["robust_agreement"] <= 100
+    # identical stitch, identity layer: under attack both models still see the same input
+    ident = sl.stitch(model, model, "blocks.1", (x, y), epochs=0, init="identity")
+    attacked = sl.evaluate(ident, (x, y), model, attack={"eps": 8 / 255, "steps": 3})
+    assert attacked["robust_agreement"] == pytest.approx(100.0, abs=1e-3)
+    with pytest.raises(ValueError, match="eps, step and steps"):
+        sl.stitch(model, model, "blocks.1", (x, y), adversarial={"radius": 1})

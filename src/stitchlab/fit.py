@@ -62,6 +62,7 @@ class TrainingConfig:
     device: str | torch.device | None = None
     num_workers: int = 0
     progress: bool = False
+    adversarial: dict | None = None  # PGD on the stitched model: {eps, step, steps}
 
     def validate(self) -> None:
         """Raise a ValueError naming the first bad setting."""
@@ -81,6 +82,12 @@ class TrainingConfig:
             raise ValueError(f"cache must be 'auto', True or False, got {self.cache!r}")
         if self.init_samples < 1:
             raise ValueError(f"init_samples must be >= 1, got {self.init_samples}")
+        if self.adversarial is not None:
+            unknown = sorted(set(self.adversarial) - {"eps", "step", "steps"})
+            if unknown:
+                raise ValueError(
+                    f"adversarial takes eps, step and steps (PGD, L-inf); got {unknown}"
+                )
 
     @classmethod
     def from_kwargs(cls, **kwargs) -> TrainingConfig:
@@ -473,6 +480,10 @@ def stitch(
         def epoch_batches(epoch: int):
             for item in dl:
                 x, y, xt = _triple(item, device)
+                if cfg.adversarial is not None:  # adversarial stitch training
+                    x_adv = _attack(stitched, x, y, cfg.adversarial)
+                    xt = x_adv if xt is x else xt
+                    x = x_adv
                 with torch.no_grad():
                     a = front(x)
                     t = targets(xt, y)
@@ -535,8 +546,20 @@ def _iris_training_set(
     return iri_set, quality
 
 
+def _attack(model: nn.Module, x: Tensor, y: Tensor, settings: dict) -> Tensor:
+    """PGD (L-inf) examples against ``model``'s cross-entropy, with the model in eval mode."""
+    from .attacks import pgd
+
+    was = model.training
+    model.eval()
+    try:
+        return pgd(model, x, y, **{"eps": 8 / 255, "step": 2 / 255, "steps": 10, **settings})
+    finally:
+        model.train(was)
+
+
 def _make_cache(front, targets, dataset, device, batch_size, cfg, a0, x0):
-    if cfg.cache is False or cfg.frozen_mode == "train":
+    if cfg.cache is False or cfg.frozen_mode == "train" or cfg.adversarial is not None:
         return None
     if cfg.cache == "auto" and not is_deterministic(dataset):
         return None
@@ -560,19 +583,21 @@ def _make_cache(front, targets, dataset, device, batch_size, cfg, a0, x0):
 # Evaluation
 
 
-@torch.inference_mode()
 def evaluate(
     stitched: nn.Module,
     test_data: DataLike,
     reference: nn.Module | Tensor,
     *,
     batch_size: int = 256,
+    attack: dict | None = None,
 ) -> dict[str, float]:
     """All scores of a stitched model against a reference (usually the back model).
 
     ``reference`` is a model (run in eval mode) or its logits on ``test_data``. Returns
     agreement, accuracy, hard agreement, error consistency, chance-normalised agreement
-    and the reference's own accuracy.
+    and the reference's own accuracy. With ``attack`` (PGD settings ``{eps, step,
+    steps}``; ``reference`` must then be a model) also ``robust_agreement`` and
+    ``robust_accuracy``: both models on PGD examples against the stitched model.
     """
     from ._data import predict
 
@@ -594,11 +619,34 @@ def evaluate(
         )
     k = logits.shape[1]
     agree = metrics.agreement(logits, ref_logits)
-    return {
+    robust = {}
+    if attack is not None:
+        robust = _robust_scores(stitched, test_data, reference, attack, batch_size)
+    return robust | {
         "agreement": agree,
         "agreement_normalized": metrics.chance_normalized(agree, k),
         "accuracy": metrics.accuracy(logits, labels),
         "hard_agreement": metrics.hard_agreement(logits, ref_logits),
         "error_consistency": metrics.error_consistency(logits, ref_logits, labels),
         "reference_accuracy": metrics.accuracy(ref_logits, labels),
+    }
+
+
+def _robust_scores(stitched, test_data, reference, attack, batch_size) -> dict[str, float]:
+    if not isinstance(reference, nn.Module):
+        raise ValueError("evaluate(attack=...) needs the reference model, not its logits.")
+    dataset, _ = as_dataset(test_data, "test_data")
+    device = _module_device(stitched)
+    outs, refs, labels = [], [], []
+    reference.eval()
+    for x, y in batches(dataset, batch_size, device):
+        x_adv = _attack(stitched, x, y, attack)
+        with torch.no_grad():
+            outs.append(stitched(x_adv).float().cpu())
+            refs.append(reference(x_adv).float().cpu())
+        labels.append(y.cpu())
+    logits, ref_logits, y_all = torch.cat(outs), torch.cat(refs), torch.cat(labels)
+    return {
+        "robust_agreement": metrics.agreement(logits, ref_logits),
+        "robust_accuracy": metrics.accuracy(logits, y_all),
     }

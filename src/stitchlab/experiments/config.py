@@ -71,7 +71,7 @@ _MODEL = {"arch", "options", "seed", "method", "marker", "recipe", "base", "robu
 _PAIR = {"front", "back", "marker", "back_point_map"}
 _STITCH = {
     "points", "objectives", "protocols", "n_stitch", "n_init", "training", "seeds",
-    "iris_branches", "excess", "eval_batch_size", "cka",
+    "iris_branches", "excess", "eval_batch_size", "cka", "attack",
 }  # fmt: skip
 _RUN = {"threads", "device"}
 
@@ -222,6 +222,7 @@ def _validate(raw: dict[str, Any]) -> Experiment:
         "points": "all", "objectives": list(OBJECTIVES), "protocols": ["standard"],
         "n_stitch": 1000, "n_init": 500, "training": {}, "seeds": [0],
         "iris_branches": "both", "excess": False, "eval_batch_size": 256, "cka": False,
+        "attack": None,
     }  # fmt: skip
     stitch.update(raw.get("stitch", {}))
     _check_keys(stitch, _STITCH, "[stitch]")

@@ -33,7 +33,8 @@ RESULT_COLUMNS = [
     "seed", "stitch_seed", "marker", "agreement", "agreement_normalized", "accuracy",
     "hard_agreement", "error_consistency", "reference_accuracy", "agreement_rolled",
     "excess_agreement", "init_residual", "iri_median_error", "iri_p90_error",
-    "iri_pixel_rms", "iri_flagged", "cache_used", "seconds",
+    "iri_pixel_rms", "iri_flagged", "adversarial", "robust_agreement", "robust_accuracy",
+    "cache_used", "seconds",
 ]  # fmt: skip
 
 
@@ -239,12 +240,17 @@ def stitch_job(job: dict[str, Any]) -> dict[str, Any]:
     test_marked = _marked(test, job["marker"], data)
     reference = _reference_logits(exp_raw, store, job["back"], job["marker"])
     scores = evaluate(stitched, test_marked, reference, batch_size=st["eval_batch_size"])
+    if st["attack"]:  # experiment B: agreement under PGD against the stitched model
+        robust = evaluate(stitched, test_marked, back, attack=st["attack"])
+        scores.update(robust_agreement=robust["robust_agreement"],
+                      robust_accuracy=robust["robust_accuracy"])  # fmt: skip
     row: dict[str, Any] = {
         "experiment": exp_raw["name"], "pair": job["pair"], "front": job["front"],
         "back": job["back"], "point": job["point"], "point_index": job["point_index"],
         "objective": job["objective"], "protocol": job["protocol"], "seed": job["seed"],
         "stitch_seed": job["stitch_seed"], "marker": job["marker"] or "",
         **scores, "init_residual": stitched.init_residual,
+        "adversarial": st["training"].get("adversarial") is not None,
         "cache_used": stitched.cache_used,
     }  # fmt: skip
     if job["marker"] and st["excess"]:
