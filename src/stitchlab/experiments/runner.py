@@ -268,6 +268,16 @@ def stitch_job(job: dict[str, Any]) -> dict[str, Any]:
     return row
 
 
+def _pair_on_test(job: dict[str, Any]):
+    """``(front, back, test data with the pair's marker)`` of a job, threads set."""
+    exp_raw, store = job["exp"], Path(job["store"])
+    torch.set_num_threads(exp_raw["run"]["threads"])
+    front = _load_model(exp_raw, store, job["front"])
+    back = _load_model(exp_raw, store, job["back"])
+    _, test = _base_data(exp_raw["data"])
+    return front, back, _marked(test, job["marker"], exp_raw["data"])
+
+
 def cka_job(job: dict[str, Any]) -> list[dict[str, Any]]:
     """Experiment D: linear CKA between front and back at one point, on the test data and
     on the front's IRIs of the test data (same IRI machinery and recipe)."""
@@ -276,11 +286,7 @@ def cka_job(job: dict[str, Any]) -> list[dict[str, Any]]:
     from ..split import split
 
     exp_raw, store = job["exp"], Path(job["store"])
-    torch.set_num_threads(exp_raw["run"]["threads"])
-    front = _load_model(exp_raw, store, job["front"])
-    back = _load_model(exp_raw, store, job["back"])
-    _, test = _base_data(exp_raw["data"])
-    test = _marked(test, job["marker"], exp_raw["data"])
+    front, back, test = _pair_on_test(job)
     f_front, _ = split(front, job["point"])
     f_back, _ = split(back, job["point"])
     opts = dict(exp_raw["iris"])
@@ -323,12 +329,7 @@ def front_job(job: dict[str, Any]) -> dict[str, Any]:
     from .. import evaluate
     from .._data import predict
 
-    exp_raw, store = job["exp"], Path(job["store"])
-    torch.set_num_threads(exp_raw["run"]["threads"])
-    front = _load_model(exp_raw, store, job["front"])
-    back = _load_model(exp_raw, store, job["back"])
-    _, test = _base_data(exp_raw["data"])
-    test = _marked(test, job["marker"], exp_raw["data"])
+    front, back, test = _pair_on_test(job)
     scores = evaluate(front, test, back)
     back_logits, labels = predict(back, test)
     from ..metrics import accuracy
