@@ -256,18 +256,38 @@ def stitch_points(model: nn.Module, *, leaf_modules: tuple[type, ...] = ()) -> l
     module: the names of submodules whose outputs can be cut exactly, one name per
     activation, in execution order.
     """
-    declared = getattr(model, "stitchlab_points", None)
-    if declared is not None:  # a model may declare its points (the registry's contract)
-        return list(declared)
-    paper = _paper_points(model)
-    if paper is not None:
-        return paper
+    known = _known_points(model)
+    if known is not None:
+        return known
     try:
         return list(_trace(model, leaf_modules).order)
     except SplitError:
         if isinstance(model, nn.Sequential):
             return _sequential_points(model)
         raise
+
+
+def _known_points(model: nn.Module) -> list[str] | None:
+    """Points declared by the model (``stitchlab_points``) or the paper's, else None."""
+    declared = getattr(model, "stitchlab_points", None)
+    if declared is not None:  # a model may declare its points (the registry's contract)
+        return list(declared)
+    return _paper_points(model)
+
+
+def _traced_points(
+    model: nn.Module, leaf_modules: tuple[type, ...]
+) -> tuple[_Traced | None, list[str]]:
+    """One trace of ``model`` and its points; ``(None, children)`` for an untraceable
+    ``nn.Sequential``."""
+    try:
+        t = _trace(model, leaf_modules)
+    except SplitError:
+        if not isinstance(model, nn.Sequential):
+            raise
+        return None, _known_points(model) or _sequential_points(model)
+    known = _known_points(model)
+    return t, (known if known is not None else list(t.order))
 
 
 # ---------------------------------------------------------------------------
@@ -343,12 +363,8 @@ def split(
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"split expects an nn.Module, got {type(model).__name__}")
-    points = stitch_points(model, leaf_modules=leaf_modules)
-    try:
-        t = _trace(model, leaf_modules)
-    except SplitError:
-        if not isinstance(model, nn.Sequential):
-            raise
+    t, points = _traced_points(model, leaf_modules)
+    if t is None:
         return _split_sequential(model, point, taps)
     if point not in t.points:
         raise _unknown_point(point, points, t.rejected.get(point))
@@ -396,12 +412,8 @@ def tap_model(
     model: nn.Module, points: Sequence[str], *, leaf_modules: tuple[type, ...] = ()
 ) -> nn.Module:
     """``model`` returning ``(logits, {point: activation})`` in one pass from the image."""
-    all_points = stitch_points(model, leaf_modules=leaf_modules)
-    try:
-        t = _trace(model, leaf_modules)
-    except SplitError:
-        if not isinstance(model, nn.Sequential):
-            raise
+    t, all_points = _traced_points(model, leaf_modules)
+    if t is None:
         unknown = [p for p in points if p not in all_points]
         if unknown:
             raise _unknown_point(unknown[0], all_points) from None

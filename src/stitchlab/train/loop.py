@@ -235,6 +235,9 @@ class _Run:
         self.phase = phase
         self.device = device
         self.use_amp, self.amp_dtype, self.channels_last = _amp_settings(recipe, device)
+        if self.channels_last:  # 4-d weights only; Linear layers are unaffected
+            for m in modules.values():
+                m.to(memory_format=torch.channels_last)
         params = [p for m in modules.values() for p in m.parameters() if p.requires_grad]
         self.opt = _optimizer(params, recipe)
         self.scaler = (
@@ -471,8 +474,6 @@ def train_model(
                 phase="train",
                 device=device,
             )
-            if run.channels_last:
-                model.to(memory_format=torch.channels_last)
             on_epoch = None
             if eval_every_epoch and test_data is not None:
                 first = (

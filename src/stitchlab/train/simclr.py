@@ -121,8 +121,6 @@ def simclr_phases(
         phase="simclr",
         device=device,
     )
-    if run.channels_last:
-        model.to(memory_format=torch.channels_last)
 
     def step(batch: tuple, gen: torch.Generator) -> tuple[Tensor, int, int]:
         x = batch[0].to(device)
