@@ -98,7 +98,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
         if args.ray or args.ray_address
         else LocalExecutor()
     )
-    run_experiment(exp, args.out, executor=executor, progress=not args.no_progress)
+    run_experiment(
+        exp, args.out, executor=executor, progress=not args.no_progress, store=args.store
+    )
     if not args.no_report:
         _report(args.out)
     return 0
@@ -202,6 +204,8 @@ def _parser() -> argparse.ArgumentParser:
     run = add("run", "Run (or resume) an experiment config; then write its report.")
     run.add_argument("config", help="a TOML experiment config (see configs/)")
     run.add_argument("--out", required=True, help="output folder (results, store, report)")
+    run.add_argument("--store", default=None,
+                     help="job store shared between runs (default OUT/store)")  # fmt: skip
     run.add_argument("--check", action="store_true", help="only validate the config")
     run.add_argument("--ray", action="store_true", help="run the jobs on a local Ray cluster")
     run.add_argument("--ray-address", default=None, help="address of a running Ray cluster")

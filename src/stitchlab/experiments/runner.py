@@ -440,14 +440,19 @@ def run_experiment(
     executor: LocalExecutor | RayExecutor | None = None,
     progress: bool = True,
     examples: int = 6,
+    store: str | Path | None = None,
 ) -> RunSummary:
     """Run (or resume) an experiment into ``out``: ``results.csv``, ``pairs.csv``,
-    ``iris_examples.safetensors`` and ``run.json``; finished jobs live in ``out/store``."""
+    ``iris_examples.safetensors`` and ``run.json``.
+
+    Finished jobs live in ``store`` (default ``out/store``). Several experiments may share
+    one store: a base model, IRI set or stitch run with the same key is then computed once
+    (e.g. the clean back model of experiments A, B and C)."""
     exp = config if isinstance(config, Experiment) else load_config(config)
     executor = executor or LocalExecutor()
     _PROGRESS["on"] = progress
     out = Path(out)
-    store = out / "store"
+    store = Path(store) if store is not None else out / "store"
     store.mkdir(parents=True, exist_ok=True)
     start = time.time()
     base = {"exp": exp.raw, "store": str(store)}
