@@ -197,7 +197,7 @@ def stitch_key(exp_raw: dict[str, Any], job: dict[str, Any]) -> str:
         "stitch": {
             k: v
             for k, v in exp_raw["stitch"].items()
-            if k not in ("points", "objectives", "protocols", "seeds")
+            if k not in ("points", "objectives", "protocols", "seeds", "cka", "eval_batch_size")
         },
         "data": exp_raw["data"],
         "iris": exp_raw["iris"] if job["protocol"] == "iris" else None,
