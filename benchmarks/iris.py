@@ -65,7 +65,41 @@ def prefix_limit(model, point, x, steps):
     return time.perf_counter() - start
 
 
+def measure_iris(width: int = 16, batch: int = 128, steps: int = 20, ks=(1, 5, 9)) -> list[dict]:
+    """Per point: throughput (images x steps / s) of the released loop, stitchlab, limit."""
+    from stitchlab.iris import dequantise, quantise
+
+    torch.manual_seed(0)
+    front = models.create("resnet18", width=width).eval()
+    torch.manual_seed(1)
+    back = models.create("resnet18", width=width).eval()
+    x, _ = shapes(batch, seed=0)
+    points = sl.stitch_points(front)
+    n_img_steps = batch * steps
+    rows = []
+    for k in ks:
+        point = points[k - 1]
+        generate_iris(front, point, x[:8], steps=1)  # warm-up
+        base_s, base_iris = released_loop(front, back, point, x, steps, 1 / 255, 0)
+        t0 = time.perf_counter()
+        ours = generate_iris(front, point, x, steps=steps, batch_size=batch)
+        ours_s = time.perf_counter() - t0
+        limit_s = prefix_limit(front, point, x, steps)
+        diff = (dequantise(quantise(base_iris)) - ours.iris).abs()
+        rows.append({
+            "point": f"{k} ({point})", "released loop": round(n_img_steps / base_s),
+            "stitchlab": round(n_img_steps / ours_s), "speed-up": f"{base_s / ours_s:.1f}x",
+            "prefix limit": round(n_img_steps / limit_s),
+            "stitchlab / limit": f"{ours_s / limit_s:.2f}x",
+            "max IRI diff (pixels differing)": f"{float(diff.max()) * 255:.0f}/255 "
+            f"({float((diff > 0).float().mean()) * 100:.3f}%)",
+        })  # fmt: skip
+    return rows
+
+
 def main() -> None:
+    from stitch_training import markdown
+
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--width", type=int, default=16)
     ap.add_argument("--batch", type=int, default=128)
@@ -73,41 +107,11 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    torch.manual_seed(0)
-    front = models.create("resnet18", width=args.width).eval()
-    torch.manual_seed(1)
-    back = models.create("resnet18", width=args.width).eval()
-    x, _ = shapes(args.batch, seed=0)
-    points = sl.stitch_points(front)
-    n_img_steps = args.batch * args.steps
     print(
         f"ResNet-18 width {args.width}, batch {args.batch}, {args.steps} signed steps of "
         f"1/255, {args.threads} threads; throughput in images x steps / s"
     )
-    print(
-        "| point | released loop | stitchlab | speed-up | prefix limit | stitchlab / limit "
-        "| max IRI diff (pixels differing) |"
-    )
-    print("|---|---|---|---|---|---|---|")
-    for k in (1, 5, 9):
-        point = points[k - 1]
-        generate_iris(front, point, x[:8], steps=1)  # warm-up
-        base_s, base_iris = released_loop(front, back, point, x, args.steps, 1 / 255, 0)
-        t0 = time.perf_counter()
-        ours = generate_iris(front, point, x, steps=args.steps, batch_size=args.batch)
-        ours_s = time.perf_counter() - t0
-        limit_s = prefix_limit(front, point, x, args.steps)
-        from stitchlab.iris import dequantise, quantise
-
-        base_q = dequantise(quantise(base_iris))
-        diff = (base_q - ours.iris).abs()
-        print(
-            f"| {k} ({point}) | {n_img_steps / base_s:.0f} | {n_img_steps / ours_s:.0f} | "
-            f"{base_s / ours_s:.1f}x | {n_img_steps / limit_s:.0f} | "
-            f"{ours_s / limit_s:.2f}x | {float(diff.max()) * 255:.0f}/255 "
-            f"({float((diff > 0).float().mean()) * 100:.3f}%) |",
-            flush=True,
-        )
+    print(markdown(measure_iris(args.width, args.batch, args.steps)))
 
 
 if __name__ == "__main__":

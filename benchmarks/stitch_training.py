@@ -77,61 +77,43 @@ def hook_baseline_epoch(
     return time.perf_counter() - start, losses
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--width", type=int, default=16)
-    ap.add_argument("--n", type=int, default=2560, help="stitching images")
-    ap.add_argument("--objective", default="slm")
-    ap.add_argument("--epochs", type=int, default=3, help="stitchlab epochs (steady state)")
-    ap.add_argument("--threads", type=int, default=2)
-    args = ap.parse_args()
-    torch.set_num_threads(args.threads)
-    torch.manual_seed(0)
-    back = models.create("resnet18", width=args.width).eval()
-    torch.manual_seed(1)
-    front = models.create("resnet18", width=args.width).eval()
-    x, y = shapes(args.n, seed=0)
+def measure_stitch(
+    width: int = 16, n: int = 2560, objective: str = "slm", epochs: int = 3, ks=(1, 5, 9)
+) -> list[dict]:
+    """Per point: hook-based epoch vs stitchlab (cache, epoch); loss curves compared."""
+    front, back, x, y = _setup(width, n)
     points = sl.stitch_points(back)
-    print(
-        f"ResNet-18 width {args.width}, {args.n} images, batch 128, objective "
-        f"{args.objective}, {args.threads} threads"
-    )
-    print(
-        "| point | baseline epoch s | stitchlab cache s | stitchlab epoch s | "
-        "ratio per epoch | ratio 1st epoch incl. cache | ratio 30 epochs | max loss diff |"
-    )
-    print("|---|---|---|---|---|---|---|---|")
-    for k in (1, 5, 9):
+    rows = []
+    for k in ks:
         point = points[k - 1]
         later = sl.later_points(back, point)
         ours = sl.stitch(
-            front,
-            back,
-            point,
-            (x, y),
-            objective=args.objective,
-            epochs=args.epochs,
-            cache=True,
-            seed=0,
-            lr=1e-3,
-        )
-        init = sl.stitch(front, back, point, (x, y), objective=args.objective, epochs=0)
+            front, back, point, (x, y), objective=objective, epochs=epochs, cache=True,
+            seed=0, lr=1e-3,
+        )  # fmt: skip
+        init = sl.stitch(front, back, point, (x, y), objective=objective, epochs=0)
         base_s, base_losses = hook_baseline_epoch(
-            front, back, point, init.stitch_layer, x, y, args.objective, 128, 0, later
+            front, back, point, init.stitch_layer, x, y, objective, 128, 0, later
         )
         steps = len(base_losses)
-        epoch_s = ours.timings["train"] / args.epochs
+        epoch_s = ours.timings["train"] / epochs
         cache_s = ours.timings["cache"]
         diff = max(abs(a - b) for a, b in zip(base_losses, ours.step_losses[:steps]))
-        print(
-            f"| {k} ({point}) | {base_s:.2f} | {cache_s:.2f} | {epoch_s:.2f} | "
-            f"{base_s / epoch_s:.1f}x | {base_s / (cache_s + epoch_s):.1f}x | "
-            f"{30 * base_s / (cache_s + 30 * epoch_s):.1f}x | {diff:.1e} |",
-            flush=True,
-        )
+        rows.append({
+            "point": f"{k} ({point})", "baseline epoch s": round(base_s, 2),
+            "stitchlab cache s": round(cache_s, 2), "stitchlab epoch s": round(epoch_s, 2),
+            "ratio per epoch": f"{base_s / epoch_s:.1f}x",
+            "ratio 1st epoch incl. cache": f"{base_s / (cache_s + epoch_s):.1f}x",
+            "ratio 30 epochs": f"{30 * base_s / (cache_s + 30 * epoch_s):.1f}x",
+            "max loss diff": f"{diff:.1e}",
+        })  # fmt: skip
+    return rows
 
-    # DM: closed form against 30 epochs of Adam (cached, and streamed as without a cache)
-    point = points[4]
+
+def measure_dm(width: int = 16, n: int = 2560, k: int = 5) -> list[dict]:
+    """DM at point ``k``: closed form against 30 epochs of Adam (cached and streamed)."""
+    front, back, x, y = _setup(width, n)
+    point = sl.stitch_points(back)[k - 1]
     with torch.no_grad():
         target = sl.split(back, point)[0](x)
 
@@ -148,12 +130,47 @@ def main() -> None:
         t0 = time.perf_counter()
         s = sl.stitch(front, back, point, (x, y), objective="dm", **kw)
         runs[name] = (time.perf_counter() - t0, dm_loss(s))
-    closed_s, closed_loss = runs["closed form"]
-    print(f"\nDM at {point} over the {args.n} stitching images:")
-    print("| solver | seconds | DM loss | time / closed form |")
-    print("|---|---|---|---|")
-    for name, (sec, loss) in runs.items():
-        print(f"| {name} | {sec:.2f} | {loss:.5f} | {sec / closed_s:.1f}x |")
+    closed_s = runs["closed form"][0]
+    return [
+        {"solver": name, "seconds": round(sec, 2), "DM loss": f"{loss:.5f}",
+         "time / closed form": f"{sec / closed_s:.1f}x"}
+        for name, (sec, loss) in runs.items()
+    ]  # fmt: skip
+
+
+def _setup(width: int, n: int):
+    torch.manual_seed(0)
+    back = models.create("resnet18", width=width).eval()
+    torch.manual_seed(1)
+    front = models.create("resnet18", width=width).eval()
+    x, y = shapes(n, seed=0)
+    return front, back, x, y
+
+
+def markdown(rows: list[dict]) -> str:
+    """A markdown table of ``rows`` (dicts with the same keys)."""
+    cols = list(rows[0])
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join(str(r[c]) for c in cols) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--width", type=int, default=16)
+    ap.add_argument("--n", type=int, default=2560, help="stitching images")
+    ap.add_argument("--objective", default="slm")
+    ap.add_argument("--epochs", type=int, default=3, help="stitchlab epochs (steady state)")
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    print(
+        f"ResNet-18 width {args.width}, {args.n} images, batch 128, objective "
+        f"{args.objective}, {args.threads} threads"
+    )
+    print(markdown(measure_stitch(args.width, args.n, args.objective, args.epochs)), flush=True)
+    print(f"\nDM at point 5 over the {args.n} stitching images:")
+    print(markdown(measure_dm(args.width, args.n)))
 
 
 if __name__ == "__main__":

@@ -101,6 +101,11 @@ def test_run_resume_extend(tmp_path):
     ident = [r for r in rows if r["pair"] == "identical" and r["protocol"] == "standard"]
     assert all(float(r["agreement"]) > 95 for r in ident)
     assert (out / "pairs.csv").exists() and (out / "iris_examples.safetensors").exists()
+    import pandas as pd
+
+    table = pd.read_parquet(out / "results.parquet")  # the same table, typed
+    assert len(table) == len(rows) and table["agreement"].dtype == float
+    assert table["agreement"].tolist() == [float(r["agreement"]) for r in rows]
 
     # a rerun reuses every finished job and writes the same table
     (out / "results.csv").unlink()
@@ -113,6 +118,16 @@ def test_run_resume_extend(tmp_path):
     bigger["stitch"]["objectives"] = ["slm", "dm", "fula"]
     extended = run_experiment(bigger, out, progress=False)
     assert extended["stitch"]["run"] == 8 and extended["stitch"]["total"] == 24
+
+    # another experiment with the same store: shared models and runs are not redone; the
+    # CKA switch only adds CKA (it is not part of a stitch run's key)
+    other = copy.deepcopy(TINY)
+    other["name"] = "other"
+    other["pairs"] = {"identical": {"front": "back", "back": "back"}}
+    other["stitch"]["cka"] = True
+    shared = run_experiment(other, tmp_path / "other", progress=False, store=out / "store")
+    assert shared["models"]["run"] == 0 and shared["stitch"] == {"run": 0, "total": 8}
+    assert (tmp_path / "other" / "cka.csv").exists()
 
 
 def test_cka_table_on_test_data_and_test_iris(tmp_path):

@@ -425,6 +425,15 @@ def _write_csv(path: Path, rows: list[dict[str, Any]], columns: list[str]) -> No
     os.replace(tmp, path)
 
 
+def _write_parquet(csv_path: Path) -> None:
+    """``results.parquet`` beside ``results.csv``: the same table with typed columns."""
+    import pandas as pd
+
+    tmp = csv_path.with_name(f".{csv_path.stem}.parquet.tmp")
+    pd.read_csv(csv_path).to_parquet(tmp, index=False)
+    os.replace(tmp, csv_path.with_suffix(".parquet"))
+
+
 def _fmt(v: Any) -> Any:
     if v is None:
         return ""
@@ -442,7 +451,8 @@ def run_experiment(
     examples: int = 6,
     store: str | Path | None = None,
 ) -> RunSummary:
-    """Run (or resume) an experiment into ``out``: ``results.csv``, ``pairs.csv``,
+    """Run (or resume) an experiment into ``out``: ``results.csv`` (and the same table as
+    ``results.parquet``), ``pairs.csv``,
     ``iris_examples.safetensors`` and ``run.json``.
 
     Finished jobs live in ``store`` (default ``out/store``). Several experiments may share
@@ -452,6 +462,7 @@ def run_experiment(
     executor = executor or LocalExecutor()
     _PROGRESS["on"] = progress
     out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
     store = Path(store) if store is not None else out / "store"
     store.mkdir(parents=True, exist_ok=True)
     start = time.time()
@@ -501,6 +512,7 @@ def run_experiment(
     rows = executor.map(stitch_job, jobs, "stitch runs")
     summary["stitch"] = {"run": sum(not r["_reused"] for r in rows), "total": len(rows)}
     _write_csv(out / "results.csv", rows, RESULT_COLUMNS)
+    _write_parquet(out / "results.csv")
 
     # 4. CKA on test data and on test IRIs (experiment D)
     if exp.stitch["cka"]:

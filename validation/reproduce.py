@@ -1,0 +1,383 @@
+"""Reproduce one experiment of PROTOCOL section 6 on real data (CPU size) and write its
+validation page: docs/validation/<experiment>.md (the command, its wall time, the commit,
+the base models' accuracies, the agreement table, the IRI quality, and each finding of
+PROTOCOL section 7 set against the measurement), with its figures in docs/validation/figures/.
+
+    python validation/reproduce.py a --data-root /tmp/data
+    python validation/reproduce.py c --data-root /tmp/data --store runs/store
+
+The data root holds cifar-10-batches-py/ and MNIST/raw/ (../shared/data/materialize.py
+makes both). Runs resume: a killed run picks up its finished jobs from the store, and runs
+that share a store share their base models (A's clean models serve B, C, D and E). Only
+the part of the page between the generated markers is rewritten; the discussion below it
+is kept.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = {
+    "a": "a_cifar10_resnet18",
+    "a_cross_supervision": "a_cross_supervision",
+    "b": "b_robust",
+    "b_adversarial": "b_robust_adversarial",
+    "c": "c_unseen",
+    "d": "d_cka",
+    "e": "e_sanity",
+    "coloured_mnist": "coloured_mnist",
+}
+BEGIN, END = "<!-- generated:begin -->", "<!-- generated:end -->"
+IRI_OBJECTIVES = ("slm", "dm", "fula")
+
+
+# ---------------------------------------------------------------------------
+# Findings of PROTOCOL section 7, each set against the results table
+
+
+def _mean(t: pd.DataFrame, column: str = "agreement") -> pd.Series:
+    return t.groupby(["pair", "protocol", "objective", "point_index"])[column].mean()
+
+
+def _at(m: pd.Series, pair: str, protocol: str, objective: str) -> pd.Series:
+    try:
+        return m.loc[(pair, protocol, objective)]
+    except KeyError:
+        return pd.Series(dtype=float)
+
+
+def _fmt(s: pd.Series) -> str:
+    return " / ".join(f"{v:.1f}" for v in s.to_numpy())
+
+
+def findings(exp: str, t: pd.DataFrame) -> list[tuple[str, str, str]]:
+    """``(finding, measured, verdict)`` rows for the experiment's results table."""
+    m = _mean(t)
+    pairs = list(dict.fromkeys(t["pair"]))
+    objectives = [o for o in ("hlm", "slm", "dm", "fula") if o in set(t["objective"])]
+    rows: list[tuple[str, str, str]] = []
+
+    def verdict(ok: bool | None) -> str:
+        return "n/a" if ok is None else ("agrees" if ok else "differs")
+
+    def standard_similar(claim_pairs):
+        for pair in claim_pairs:
+            vals = pd.concat([_at(m, pair, "standard", o) for o in objectives])
+            if vals.empty:
+                continue
+            low = [
+                f"{o} at point {i}: {v:.1f}"
+                for o in objectives
+                for i, v in _at(m, pair, "standard", o).items()
+                if v < 80
+            ]
+            rows.append((
+                f"standard stitching calls {pair} similar (80-98 at every point)",
+                f"min {vals.min():.1f}, max {vals.max():.1f}"
+                + (f"; below 80: {', '.join(low)}" if low else ""),
+                verdict(vals.min() >= 80),
+            ))  # fmt: skip
+
+    def iris_curve(pair, claim, ok):
+        for o in IRI_OBJECTIVES:
+            s = _at(m, pair, "iris", o)
+            if not s.empty:
+                rows.append((f"{pair}, {o.upper()} on IRIs: {claim}", _fmt(s), verdict(ok(s))))
+
+    if exp in ("a", "a_cross_supervision", "d"):
+        standard_similar(pairs)
+        if "identical" in pairs:
+            iris_curve("identical", "stays at about 100 (>= 95)", lambda s: s.min() >= 95)
+        if "cross-seed" in pairs:
+            iris_curve(
+                "cross-seed", "falls with depth, to about half at the last block",
+                lambda s: s.iloc[-1] < s.iloc[0] - 15 and 30 <= s.iloc[-1] <= 70,
+            )  # fmt: skip
+        if "cross-supervision" in pairs:
+            for o in IRI_OBJECTIVES:
+                st, ir = (
+                    _at(m, "cross-supervision", "standard", o),
+                    _at(m, "cross-supervision", "iris", o),
+                )
+                if not ir.empty:
+                    mid = ir.index[len(ir) // 2 :]
+                    gap = (st[mid] - ir[mid]).min()
+                    rows.append((
+                        f"cross-supervision, {o.upper()}: "
+                        "IRIs far below standard from the middle on",
+                        f"standard {_fmt(st)}; IRIs {_fmt(ir)}; "
+                        f"smallest gap from the middle {gap:.1f}",
+                        verdict(gap >= 20),
+                    ))  # fmt: skip
+        if "cross-bias" in pairs:
+            iris_curve(
+                "cross-bias",
+                "falls to chance (10-12) by the 4th of 9 points (<= 20 from the middle point on)",
+                lambda s: s.iloc[len(s) // 2 :].max() <= 20,
+            )  # fmt: skip
+        hlm = [(p, _at(m, p, "iris", "hlm")) for p in pairs]
+        hlm = [(p, s) for p, s in hlm if not s.empty]
+        if hlm:
+            low = min(float(s.min()) for _, s in hlm)
+            rows.append((
+                "HLM on IRIs stays high everywhere (>= 80)",
+                "; ".join(f"{p}: {_fmt(s)}" for p, s in hlm), verdict(low >= 80),
+            ))  # fmt: skip
+        if {"dm", "slm", "fula"} <= set(objectives):
+            g = t.groupby("objective")["agreement"].mean()
+            rows.append((
+                "DM gives lower similarity than FuLA and SLM (mean over all runs)",
+                f"DM {g['dm']:.1f}, FuLA {g['fula']:.1f}, SLM {g['slm']:.1f}",
+                verdict(g["dm"] <= min(g["fula"], g["slm"])),
+            ))  # fmt: skip
+    elif exp in ("b", "b_adversarial"):
+        score = (
+            "robust_agreement"
+            if "robust_agreement" in t and t["robust_agreement"].notna().any()
+            else "agreement"
+        )
+        if score != "agreement":
+            m = _mean(t, score)
+        standard_similar(pairs) if score == "agreement" else None
+        last = int(t["point_index"].max())
+        for o in IRI_OBJECTIVES:
+            for pair in pairs:
+                st, ir = _at(m, pair, "standard", o), _at(m, pair, "iris", o)
+                if st.empty or ir.empty:
+                    continue
+                mixed = pair in ("robust->clean", "clean->robust")
+                claim = (
+                    "IRIs reveal a large gap at deep layers (>= 20 below standard at the last point)"  # noqa: E501
+                    if mixed else
+                    "robust pairs stay similar on IRIs (within 20 of standard at the last point)"
+                    if pair == "robust->robust" else None
+                )  # fmt: skip
+                if claim is None:
+                    continue
+                gap = float(st[last] - ir[last])
+                rows.append((
+                    f"{pair}, {o.upper()} ({score}): {claim}",
+                    f"standard {_fmt(st)}; IRIs {_fmt(ir)}; gap at the last point {gap:.1f}",
+                    verdict(gap >= 20 if mixed else gap <= 20),
+                ))  # fmt: skip
+    elif exp == "c":
+        e = _mean(t, "excess_agreement")
+        zero = "about zero"
+        expected = {
+            "standard": {"hlm": "large", "slm": "large", "fula": "smaller", "dm": zero},
+            "iris": {"hlm": "large", "slm": zero, "fula": zero, "dm": zero},
+        }
+        for proto, expect in expected.items():
+            for o in objectives:
+                vals = pd.concat([_at(e, p, proto, o) for p in pairs])
+                if vals.empty:
+                    continue
+                mean = float(vals.mean())
+                ok = {"large": mean >= 10, "smaller": None, "about zero": abs(mean) <= 5}[expect[o]]
+                rows.append((
+                    f"{o.upper()} under {proto} stitching: excess agreement {expect[o]}",
+                    f"mean {mean:.1f} (min {vals.min():.1f}, max {vals.max():.1f}) over "
+                    f"{len(pairs)} markers x {t['point_index'].nunique()} points",
+                    verdict(ok),
+                ))  # fmt: skip
+        if {"fula", "slm", "dm"} <= set(objectives):
+            s = {
+                o: float(pd.concat([_at(e, p, "standard", o) for p in pairs]).mean())
+                for o in ("slm", "fula", "dm")
+            }
+            rows.append((
+                "standard: FuLA exploits the marker much less than SLM, DM hardly",
+                f"SLM {s['slm']:.1f}, FuLA {s['fula']:.1f}, DM {s['dm']:.1f}",
+                verdict(s["slm"] > s["fula"] > s["dm"]),
+            ))  # fmt: skip
+    elif exp == "coloured_mnist":
+        controls = [p for p in pairs if p in ("identical", "cross-seed")]
+        misleading = [p for p in pairs if p not in controls]
+        standard_similar(pairs)
+        for pair in misleading:
+            iris_curve(pair, "not similar (<= 30 at every point)", lambda s: s.max() <= 30)
+        for pair in controls:
+            iris_curve(pair, "stays similar (>= 80 at every point)", lambda s: s.min() >= 80)
+    elif exp == "e":
+        for o in IRI_OBJECTIVES:
+            s = _at(m, "identical", "iris", o)
+            if not s.empty:
+                rows.append((f"identical, {o.upper()}, IRIs on the front branch only: "
+                             "stays near 100",
+                             _fmt(s), verdict(s.min() >= 95)))  # fmt: skip
+    return rows
+
+
+# ---------------------------------------------------------------------------
+# The page
+
+
+def _table(df: pd.DataFrame) -> str:
+    cols = [str(c) for c in df.columns]
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for row in df.itertuples(index=False):
+        lines.append("| " + " | ".join(_cell(v) for v in row) + " |")
+    return "\n".join(lines)
+
+
+def _cell(v) -> str:
+    if isinstance(v, float):
+        return "" if v != v else f"{v:.1f}"
+    return str(v)
+
+
+def _models_table(exp_raw: dict, store: Path) -> pd.DataFrame:
+    from stitchlab.experiments.runner import model_key
+    from stitchlab.models import describe
+
+    rows = []
+    for name in exp_raw["models"]:
+        path = store / "models" / model_key(exp_raw, name) / "model.safetensors"
+        if not path.exists():
+            continue
+        d = describe(path)
+        ev = d.get("evaluation", {})
+        rows.append({
+            "model": name, "method": d.get("method"), "marker": d.get("marker") or "",
+            "epochs": d.get("epochs"), "train images": d.get("train_size"),
+            **{k.replace("_", " "): v for k, v in ev.items()},
+        })  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def _agreement_table(t: pd.DataFrame, column: str) -> pd.DataFrame:
+    names = t.drop_duplicates("point_index").set_index("point_index")["point"]
+    wide = (
+        t.groupby(["pair", "protocol", "objective", "point_index"])[column].mean()
+        .unstack("point_index")
+    )  # fmt: skip
+    wide.columns = [f"{i} ({names[i]})" for i in wide.columns]
+    return wide.reset_index()
+
+
+def _commit() -> str:
+    def git(*a):
+        return subprocess.run(["git", *a], capture_output=True, text=True, cwd=ROOT).stdout.strip()
+
+    dirty = git("status", "--porcelain", "--untracked-files=no")
+    return git("rev-parse", "--short", "HEAD") + (" (with uncommitted changes)" if dirty else "")
+
+
+def write_page(exp: str, out: Path, store: Path, command: str, seconds: float, summary) -> Path:
+    """Write docs/validation/<exp>.md (generated part) and copy the figures."""
+    from stitchlab.experiments import load_config
+
+    exp_obj = load_config(ROOT / "configs" / "cpu" / f"{CONFIGS[exp]}.toml")
+    t = pd.read_csv(out / "results.csv")
+    docs = ROOT / "docs" / "validation"
+    figs = docs / "figures"
+    figs.mkdir(parents=True, exist_ok=True)
+    copied = []
+    for png in sorted((out / "figures").glob("*.png")):
+        if png.name.startswith("iris-examples"):
+            continue  # large; in the run's report.html
+        dest = figs / f"{exp}-{png.name}"
+        shutil.copyfile(png, dest)
+        copied.append(dest.name)
+    parts = [
+        f"Command: `{command}`",
+        f"Commit {_commit()}; wall time {seconds:.0f} s ({seconds / 60:.1f} min) on 2 CPU cores "
+        f"for this invocation (models {summary.get('models')}, IRI sets {summary.get('iris')}, "
+        f"stitch runs {summary.get('stitch')}: `run` counts jobs computed now, the rest came "
+        "from the store); date " + time.strftime("%Y-%m-%d") + ".",
+        "Reductions against the paper (from the config):\n\n"
+        + "\n".join(f"- {r}" for r in exp_obj.raw.get("reductions", [])),
+        "### Base models (test accuracy, %)\n\n" + _table(_models_table(exp_obj.raw, store)),
+        "### Findings of PROTOCOL section 7 against this run\n\n"
+        + _table(pd.DataFrame(findings(exp, t), columns=["finding", "measured", "verdict"])),
+    ]
+    score = "excess_agreement" if exp == "c" else "agreement"
+    parts.append(
+        f"### {score.replace('_', ' ')} (mean over seeds), by point\n\n"
+        + _table(_agreement_table(t, score))
+    )
+    if "robust_agreement" in t and t["robust_agreement"].notna().any():
+        parts.append(
+            "### agreement under PGD attack, by point\n\n"
+            + _table(_agreement_table(t, "robust_agreement"))
+        )
+    if exp == "d" and (out / "cka.csv").exists():
+        cka = pd.read_csv(out / "cka.csv")
+        parts.append("### Linear CKA (unbiased), by point\n\n" + _table(cka))
+    if t["iri_median_error"].notna().any():
+        q = (
+            t[t.protocol == "iris"]
+            .groupby(["front", "point_index", "point"])[["iri_median_error", "iri_p90_error"]]
+            .first().reset_index()
+        )  # fmt: skip
+        parts.append("### IRI quality (relative error of the front's activation)\n\n" + _table(q))
+    parts.append("### Figures\n\n" + "\n\n".join(f"![{n}](figures/{n})" for n in copied))
+    generated = "\n\n".join(parts)
+    page = docs / f"{exp}.md"
+    text = (
+        page.read_text()
+        if page.exists()
+        else f"# Validation: {exp_obj.name}\n\n{BEGIN}\n{END}\n\n## Discussion\n\n(to be written)\n"
+    )
+    head, rest = text.split(BEGIN)[0], text.split(END)[1]
+    page.write_text(f"{head}{BEGIN}\n{generated}\n{END}{rest}")
+    return page
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("experiment", choices=sorted(CONFIGS))
+    ap.add_argument(
+        "--data-root", required=True, help="folder with cifar-10-batches-py/ and MNIST/"
+    )
+    ap.add_argument("--out", default="runs/validation", help="run folders go to OUT/<experiment>")
+    ap.add_argument("--store", default="runs/store", help="job store shared between experiments")
+    ap.add_argument("--no-page", action="store_true", help="run only; do not write docs/")
+    ap.add_argument(
+        "--wall",
+        type=float,
+        default=None,
+        help="page only: the wall time (s) of an earlier run of the same jobs",
+    )
+    ap.add_argument("--command", default=None, help="page only: the command of that run")
+    args = ap.parse_args()
+    from stitchlab.experiments import load_config, run_experiment
+    from stitchlab.report import make_report
+
+    root = Path(args.data_root).expanduser().resolve()
+    if not (root / "cifar-10-batches-py").is_dir() and not (root / "MNIST").is_dir():
+        sys.exit(f"{root} holds neither cifar-10-batches-py/ nor MNIST/; run "
+                 "../shared/data/materialize.py ROOT first (../shared/data/README.md)")  # fmt: skip
+    os.environ["STITCHLAB_DATA"] = str(root)
+    config = ROOT / "configs" / "cpu" / f"{CONFIGS[args.experiment]}.toml"
+    out = Path(args.out) / args.experiment
+    command = (f"python validation/reproduce.py {args.experiment} --data-root DATA "
+               f"--out {args.out} --store {args.store}")  # fmt: skip
+    t0 = time.perf_counter()
+    summary = run_experiment(load_config(config), out, store=args.store)
+    make_report(out)
+    seconds = time.perf_counter() - t0
+    print(f"{args.experiment}: {seconds:.0f} s; results in {out}")
+    if args.wall is not None:  # the jobs ran earlier (e.g. with stitchlab run); say so
+        seconds, command = args.wall, args.command or command
+        summary = {
+            k: f"{v} (this rerun)" for k, v in summary.items() if k in ("models", "iris", "stitch")
+        }
+    if not args.no_page:
+        print(
+            f"page: {write_page(args.experiment, out, Path(args.store), command, seconds, summary)}"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
