@@ -264,6 +264,15 @@ def _agreement_table(t: pd.DataFrame, column: str) -> pd.DataFrame:
     return wide.reset_index()
 
 
+def _jobs(summary) -> str:
+    def one(v) -> str:
+        if not isinstance(v, dict):
+            return str(v)
+        return f"{v['run']} of {v['total']}" if "run" in v else f"{v['total']} in all"
+
+    return ", ".join(f"{k} {one(summary[k])}" for k in ("models", "iris", "stitch") if k in summary)
+
+
 def _commit() -> str:
     def git(*a):
         return subprocess.run(["git", *a], capture_output=True, text=True, cwd=ROOT).stdout.strip()
@@ -290,10 +299,9 @@ def write_page(exp: str, out: Path, store: Path, command: str, seconds: float, s
         copied.append(dest.name)
     parts = [
         f"Command: `{command}`",
-        f"Commit {_commit()}; wall time {seconds:.0f} s ({seconds / 60:.1f} min) on 2 CPU cores "
-        f"for this invocation (models {summary.get('models')}, IRI sets {summary.get('iris')}, "
-        f"stitch runs {summary.get('stitch')}: `run` counts jobs computed now, the rest came "
-        "from the store); date " + time.strftime("%Y-%m-%d") + ".",
+        f"Commit {_commit()}; wall time {seconds:.0f} s ({seconds / 60:.1f} min) on 2 CPU "
+        f"cores; jobs computed by that run (of all the run's jobs; the rest came from the "
+        f"shared store): {_jobs(summary)}; date " + time.strftime("%Y-%m-%d") + ".",
         "Reductions against the paper (from the config):\n\n"
         + "\n".join(f"- {r}" for r in exp_obj.raw.get("reductions", [])),
         "### Base models (test accuracy, %)\n\n" + _table(_models_table(exp_obj.raw, store)),
