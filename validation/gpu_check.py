@@ -1,0 +1,156 @@
+"""The GPU check (issue 6): one prepared script, under 10 minutes on one GPU.
+
+ResNet-18 at full width on CIFAR-10 (two seeds: front and back), a short training run per
+model family (VGG-16-BN, ViT-Tiny/4), IRIs for one point on 10,000 images with the paper's
+recipe (200 signed steps of 1/255), and stitching at that point with all four objectives
+under both protocols. Records throughput and scores in docs/validation/gpu.md (and a JSON
+file beside it).
+
+    python validation/gpu_check.py --data-root DATA                 # on a CUDA machine
+    python validation/gpu_check.py --data-root DATA --smoke --device cpu   # tiny, any machine
+
+DATA holds cifar-10-batches-py/ (../shared/data/materialize.py makes it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import subprocess
+import time
+from pathlib import Path
+
+import torch
+
+import stitchlab as sl
+from stitchlab import data, models
+from stitchlab.train import fast_recipe, train_model
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--data-root", required=True)
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--smoke", action="store_true", help="tiny sizes, to check the script")
+    ap.add_argument("--point", default="layer2.1")
+    ap.add_argument("--out", default=str(ROOT / "docs" / "validation" / "gpu.md"))
+    args = ap.parse_args()
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("no CUDA device here; use --device cpu --smoke to check the script")
+    smoke = args.smoke
+    n_train = 512 if smoke else 50000
+    n_test = 256 if smoke else 10000
+    n_iris = 128 if smoke else 10000
+    iri_steps = 3 if smoke else 200
+    width = 8 if smoke else 64
+    epochs = 1 if smoke else 4
+    train = data.subset(data.cifar10(args.data_root, True), n_train, seed=0)
+    test = data.subset(data.cifar10(args.data_root, False), n_test, seed=0)
+    device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
+    rows: list[dict] = []
+    result: dict = {"device": device_name, "torch": torch.__version__, "smoke": smoke}
+    t_all = time.perf_counter()
+
+    # 1. base models: two full-width ResNet-18 seeds, one short run per other family
+    trained = {}
+    families = [
+        ("resnet18 seed 0 (back)", "resnet18", {"width": width}, 0, epochs),
+        ("resnet18 seed 1 (front)", "resnet18", {"width": width}, 1, epochs),
+        ("vgg16_bn", "vgg16_bn", {"width": width}, 0, 1),
+        ("vit_tiny_patch4_32", "vit_tiny_patch4_32", {"width": 48 if smoke else 192}, 0, 1),
+    ]
+    for label, arch, opts, seed, ep in families:
+        torch.manual_seed(seed)
+        model = models.create(arch, **opts).to(device)
+        _sync(device)
+        t0 = time.perf_counter()
+        res = train_model(model, train, recipe=fast_recipe(epochs=ep), test_data=test, seed=seed)
+        _sync(device)
+        sec = time.perf_counter() - t0
+        acc = res.evaluation.get("accuracy")
+        rows.append({"stage": f"train {label}", "epochs": ep, "seconds": round(sec, 1),
+                     "images/s": round(ep * n_train / sec), "test accuracy": acc})  # fmt: skip
+        trained[label] = model.eval()
+        print(rows[-1], flush=True)
+    back, front = trained["resnet18 seed 0 (back)"], trained["resnet18 seed 1 (front)"]
+
+    # 2. IRIs for one point on n_iris images (the paper's recipe)
+    stitch_data = data.subset(train, n_iris, seed=1)
+    x = torch.stack([stitch_data[i][0] for i in range(len(stitch_data))])
+    _sync(device)
+    t0 = time.perf_counter()
+    iris = sl.generate_iris(front, args.point, x, steps=iri_steps, step_size=1 / 255,
+                            batch_size=1000 if not smoke else 64, device=device)  # fmt: skip
+    _sync(device)
+    sec = time.perf_counter() - t0
+    q = iris.quality()
+    rows.append({"stage": f"IRIs at {args.point}", "images": n_iris, "steps": iri_steps,
+                 "seconds": round(sec, 1), "images x steps/s": round(n_iris * iri_steps / sec),
+                 "median error": round(q.median_error, 3)})  # fmt: skip
+    print(rows[-1], flush=True)
+
+    # 3. stitching at that point: all objectives, both protocols
+    scores = []
+    for protocol in ("standard", "iris"):
+        for objective in ("hlm", "slm", "dm", "fula"):
+            _sync(device)
+            t0 = time.perf_counter()
+            s = sl.stitch(
+                front, back, args.point, stitch_data, objective=objective, protocol=protocol,
+                iris=iris if protocol == "iris" else None, allow_flagged_iris=True,
+                epochs=2 if smoke else 10, lr=1e-3, device=device,
+            )  # fmt: skip
+            ev = sl.evaluate(s, test, reference=back)
+            _sync(device)
+            sec = time.perf_counter() - t0
+            scores.append({
+                "protocol": protocol, "objective": objective,
+                "agreement": round(ev["agreement"], 1), "accuracy": round(ev["accuracy"], 1),
+                "seconds": round(sec, 1),
+            })  # fmt: skip
+            print(scores[-1], flush=True)
+    result.update(rows=rows, stitching=scores, seconds=round(time.perf_counter() - t_all, 1))
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True, cwd=ROOT).stdout.strip()  # fmt: skip
+    out = Path(args.out)
+    out.with_suffix(".json").write_text(json.dumps(result, indent=1))
+    lines = [
+        "# GPU check",
+        "",
+        f"`python validation/gpu_check.py --data-root DATA{' --smoke' if smoke else ''}` on "
+        f"{device_name}, torch {torch.__version__}, Python {platform.python_version()}, commit "
+        f"{commit}; {result['seconds']} s in all. ResNet-18 width {width} on CIFAR-10 "
+        f"({n_train} training, {n_test} test images); stitch point {args.point}.",
+        "",
+        _md(rows),
+        "",
+        "Stitching (front: seed 1, back: seed 0; agreement with the back on test images):",
+        "",
+        _md(scores),
+        "",
+    ]
+    out.write_text("\n".join(lines))
+    print(f"written to {out}")
+    return 0
+
+
+def _md(rows: list[dict]) -> str:
+    cols: list[str] = []
+    for r in rows:
+        cols += [c for c in r if c not in cols]
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join(str(r.get(c, "")) for c in cols) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
