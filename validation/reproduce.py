@@ -351,6 +351,9 @@ def main() -> int:
     ap.add_argument("--store", default="runs/store", help="job store shared between experiments")
     ap.add_argument("--no-page", action="store_true", help="run only; do not write docs/")
     ap.add_argument(
+        "--threads", type=int, default=None, help="torch threads per job (default: the config's, 2)"
+    )
+    ap.add_argument(
         "--wall",
         type=float,
         default=None,
@@ -368,10 +371,16 @@ def main() -> int:
     os.environ["STITCHLAB_DATA"] = str(root)
     config = ROOT / "configs" / "cpu" / f"{CONFIGS[args.experiment]}.toml"
     out = Path(args.out) / args.experiment
-    command = (f"python validation/reproduce.py {args.experiment} --data-root DATA "
-               f"--out {args.out} --store {args.store}")  # fmt: skip
+    command = (
+        f"python validation/reproduce.py {args.experiment} --data-root DATA "
+        f"--out {args.out} --store {args.store}"
+        + (f" --threads {args.threads}" if args.threads is not None else "")
+    )
+    exp = load_config(config)
+    if args.threads is not None:  # not part of any job key: results are the same
+        exp.raw["run"]["threads"] = args.threads
     t0 = time.perf_counter()
-    summary = run_experiment(load_config(config), out, store=args.store)
+    summary = run_experiment(exp, out, store=args.store)
     make_report(out)
     seconds = time.perf_counter() - t0
     print(f"{args.experiment}: {seconds:.0f} s; results in {out}")
