@@ -320,7 +320,11 @@ def write_page(exp: str, out: Path, store: Path, command: str, seconds: float, s
         )
     if exp == "d" and (out / "cka.csv").exists():
         cka = pd.read_csv(out / "cka.csv")
-        parts.append("### Linear CKA (unbiased), by point\n\n" + _table(cka))
+        wide = cka.pivot_table(index=["pair", "data"], columns="point_index", values="cka")
+        names = cka.drop_duplicates("point_index").set_index("point_index")["point"]
+        wide.columns = [f"{i} ({names[i]})" for i in wide.columns]
+        wide = wide.map(lambda v: f"{v:.3f}").reset_index()
+        parts.append("### Linear CKA (unbiased HSIC), by point\n\n" + _table(wide))
     if t["iri_median_error"].notna().any():
         q = (
             t[t.protocol == "iris"]
