@@ -123,10 +123,15 @@ def test_run_resume_extend(tmp_path):
     # CKA switch only adds CKA (it is not part of a stitch run's key)
     other = copy.deepcopy(TINY)
     other["name"] = "other"
-    other["pairs"] = {"identical": {"front": "back", "back": "back"}}
     other["stitch"]["cka"] = True
+    other["pairs"] = {"self": {"front": "back", "back": "back"}}  # same runs, another name
     shared = run_experiment(other, tmp_path / "other", progress=False, store=out / "store")
     assert shared["models"]["run"] == 0 and shared["stitch"] == {"run": 0, "total": 8}
+    reused = _rows(tmp_path / "other" / "results.csv")
+    assert {(r["experiment"], r["pair"]) for r in reused} == {("other", "self")}
+    assert sorted(r["agreement"] for r in reused) == sorted(
+        r["agreement"] for r in rows if r["pair"] == "identical"
+    )
     assert (tmp_path / "other" / "cka.csv").exists()
 
 

@@ -212,6 +212,16 @@ def _atomic_json(path: Path, obj: Any) -> None:
     os.replace(tmp, path)
 
 
+def _row_names(exp_raw: dict[str, Any], job: dict[str, Any]) -> dict[str, Any]:
+    """The columns of a result row that name the run (not part of its store key)."""
+    return {
+        "experiment": exp_raw["name"], "pair": job["pair"], "front": job["front"],
+        "back": job["back"], "point": job["point"], "point_index": job["point_index"],
+        "objective": job["objective"], "protocol": job["protocol"], "seed": job["seed"],
+        "stitch_seed": job["stitch_seed"], "marker": job["marker"] or "",
+    }  # fmt: skip
+
+
 def stitch_job(job: dict[str, Any]) -> dict[str, Any]:
     """One stitch run, scored on the test data; the row of the results table."""
     from .. import evaluate, stitch
@@ -221,7 +231,8 @@ def stitch_job(job: dict[str, Any]) -> dict[str, Any]:
     path = store / "stitch" / f"{stitch_key(exp_raw, job)}.json"
     if path.exists():
         row = json.loads(path.read_text())
-        row["_reused"] = True
+        # the run may come from another experiment sharing the store: its names are ours
+        row.update(_row_names(exp_raw, job), _reused=True)
         return row
     torch.set_num_threads(exp_raw["run"]["threads"])
     data, st = exp_raw["data"], exp_raw["stitch"]
@@ -245,11 +256,7 @@ def stitch_job(job: dict[str, Any]) -> dict[str, Any]:
         scores.update(robust_agreement=robust["robust_agreement"],
                       robust_accuracy=robust["robust_accuracy"])  # fmt: skip
     row: dict[str, Any] = {
-        "experiment": exp_raw["name"], "pair": job["pair"], "front": job["front"],
-        "back": job["back"], "point": job["point"], "point_index": job["point_index"],
-        "objective": job["objective"], "protocol": job["protocol"], "seed": job["seed"],
-        "stitch_seed": job["stitch_seed"], "marker": job["marker"] or "",
-        **scores, "init_residual": stitched.init_residual,
+        **_row_names(exp_raw, job), **scores, "init_residual": stitched.init_residual,
         "adversarial": st["training"].get("adversarial") is not None,
         "cache_used": stitched.cache_used,
     }  # fmt: skip
