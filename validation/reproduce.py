@@ -292,8 +292,8 @@ def write_page(exp: str, out: Path, store: Path, command: str, seconds: float, s
     figs.mkdir(parents=True, exist_ok=True)
     copied = []
     for png in sorted((out / "figures").glob("*.png")):
-        if png.name.startswith("iris-examples"):
-            continue  # large; in the run's report.html
+        if png.name.startswith(("iris-examples", "iri-quality", "layer-average")):
+            continue  # in the run's report.html; the page has their numbers as tables
         dest = figs / f"{exp}-{png.name}"
         shutil.copyfile(png, dest)
         copied.append(dest.name)
