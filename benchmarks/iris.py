@@ -98,7 +98,7 @@ def measure_iris(width: int = 16, batch: int = 128, steps: int = 20, ks=(1, 5, 9
 
 
 def main() -> None:
-    from stitch_training import markdown
+    from stitchlab.report import markdown_table
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--width", type=int, default=16)
@@ -111,7 +111,7 @@ def main() -> None:
         f"ResNet-18 width {args.width}, batch {args.batch}, {args.steps} signed steps of "
         f"1/255, {args.threads} threads; throughput in images x steps / s"
     )
-    print(markdown(measure_iris(args.width, args.batch, args.steps)))
+    print(markdown_table(measure_iris(args.width, args.batch, args.steps)))
 
 
 if __name__ == "__main__":

@@ -184,15 +184,6 @@ def _run_child(stage: str, opts: dict) -> dict:
     return result
 
 
-def _markdown(rows: list[dict]) -> str:
-    cols: list[str] = []
-    for r in rows:
-        cols += [c for c in r if c not in cols]
-    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    lines += ["| " + " | ".join(str(r.get(c, "")) for c in cols) + " |" for r in rows]
-    return "\n".join(lines)
-
-
 def _commit() -> str:
     try:
         rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
@@ -207,6 +198,8 @@ def _commit() -> str:
 def run_all(quick: bool, threads: int, log=print) -> str:
     """Run every stage; returns the markdown report."""
     import torch
+
+    from stitchlab.report import markdown_table
 
     sizes = (256, 512, 1024) if quick else (1000, 5000, 20000)
     base = {"threads": threads, "width": 16, "quick": quick,
@@ -232,7 +225,7 @@ def run_all(quick: bool, threads: int, log=print) -> str:
         opts = {**base, "n": base["n"] if stage != "epoch" else (512 if quick else 5000)}
         r = _run_child(stage, opts)
         cost = f"(stage wall time {r['wall']:.0f} s, peak memory {r['peak_mb']:.0f} MB)"
-        parts.append(f"### {title}\n\n{_markdown(r['rows'])}\n\n{cost}")
+        parts.append(f"### {title}\n\n{markdown_table(r['rows'])}\n\n{cost}")
     scale_rows, depth_rows = [], []
     scale_iri = 2 if quick else 5
     for what in ("stitch", "dm", "iris", "train"):
@@ -256,11 +249,11 @@ def run_all(quick: bool, threads: int, log=print) -> str:
         f"on disk ({scale_iri} signed steps, chunks of 1,024); train = one epoch of the fast "
         "recipe with augmentation. Peak MB is the whole process (Python, torch, data, "
         "models); setup MB is the same process before the stage.\n\n"
-        + _markdown([{k: v for k, v in r.items() if k not in strip} for r in scale_rows])
+        + markdown_table([{k: v for k, v in r.items() if k not in strip} for r in scale_rows])
     )
     parts.append(
         f"### Cost and peak memory as the stitch point moves deeper ({sizes[1]} images)\n\n"
-        + _markdown([{k: v for k, v in r.items() if k not in strip} for r in depth_rows])
+        + markdown_table([{k: v for k, v in r.items() if k not in strip} for r in depth_rows])
     )
     parts.append(f"Total benchmark wall time: {time.perf_counter() - start:.0f} s.")
     return "\n\n".join(parts) + "\n"

@@ -25,6 +25,7 @@ import stitchlab as sl
 from stitchlab import models
 from stitchlab.data import shapes
 from stitchlab.objectives import StitchOutputs, make_objective
+from stitchlab.report import markdown_table
 
 
 def hook_baseline_epoch(
@@ -147,14 +148,6 @@ def _setup(width: int, n: int):
     return front, back, x, y
 
 
-def markdown(rows: list[dict]) -> str:
-    """A markdown table of ``rows`` (dicts with the same keys)."""
-    cols = list(rows[0])
-    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    lines += ["| " + " | ".join(str(r[c]) for c in cols) + " |" for r in rows]
-    return "\n".join(lines)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--width", type=int, default=16)
@@ -168,9 +161,11 @@ def main() -> None:
         f"ResNet-18 width {args.width}, {args.n} images, batch 128, objective "
         f"{args.objective}, {args.threads} threads"
     )
-    print(markdown(measure_stitch(args.width, args.n, args.objective, args.epochs)), flush=True)
+    print(
+        markdown_table(measure_stitch(args.width, args.n, args.objective, args.epochs)), flush=True
+    )
     print(f"\nDM at point 5 over the {args.n} stitching images:")
-    print(markdown(measure_dm(args.width, args.n)))
+    print(markdown_table(measure_dm(args.width, args.n)))
 
 
 if __name__ == "__main__":

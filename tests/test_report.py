@@ -308,3 +308,12 @@ def test_report_does_not_import_torch():
         "assert not bad, bad\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_markdown_table_known_output():
+    from stitchlab.report import markdown_table
+
+    rows = [{"a": 1, "b": 0.25}, {"a": 2, "c": float("nan")}]
+    assert markdown_table(rows) == "| a | b | c |\n|---|---|---|\n| 1 | 0.25 |  |\n| 2 |  |  |"
+    df = pd.DataFrame({"x": [1.26, None]})
+    assert markdown_table(df, float_format=".1f") == "| x |\n|---|\n| 1.3 |\n|  |"

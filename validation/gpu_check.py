@@ -25,6 +25,7 @@ import torch
 
 import stitchlab as sl
 from stitchlab import data, models
+from stitchlab.report import markdown_table
 from stitchlab.train import fast_recipe, train_model
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -131,25 +132,16 @@ def main() -> int:
         f"{commit}; {result['seconds']} s in all. ResNet-18 width {width} on CIFAR-10 "
         f"({n_train} training, {n_test} test images); stitch point {args.point}.",
         "",
-        _md(rows),
+        markdown_table(rows),
         "",
         "Stitching (front: seed 1, back: seed 0; agreement with the back on test images):",
         "",
-        _md(scores),
+        markdown_table(scores),
         "",
     ]
     out.write_text("\n".join(lines))
     print(f"written to {out}")
     return 0
-
-
-def _md(rows: list[dict]) -> str:
-    cols: list[str] = []
-    for r in rows:
-        cols += [c for c in r if c not in cols]
-    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    lines += ["| " + " | ".join(str(r.get(c, "")) for c in cols) + " |" for r in rows]
-    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -25,6 +25,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from stitchlab.report import markdown_table
+
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = {
     "a": "a_cifar10_resnet18",
@@ -147,7 +149,8 @@ def findings(exp: str, t: pd.DataFrame) -> list[tuple[str, str, str]]:
         )
         if score != "agreement":
             m = _mean(t, score)
-        standard_similar(pairs) if score == "agreement" else None
+        if score == "agreement":
+            standard_similar(pairs)
         last = int(t["point_index"].max())
         for o in IRI_OBJECTIVES:
             for pair in pairs:
@@ -221,18 +224,8 @@ def findings(exp: str, t: pd.DataFrame) -> list[tuple[str, str, str]]:
 # The page
 
 
-def _table(df: pd.DataFrame) -> str:
-    cols = [str(c) for c in df.columns]
-    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    for row in df.itertuples(index=False):
-        lines.append("| " + " | ".join(_cell(v) for v in row) + " |")
-    return "\n".join(lines)
-
-
-def _cell(v) -> str:
-    if isinstance(v, float):
-        return "" if v != v else f"{v:.1f}"
-    return str(v)
+def _md(df: pd.DataFrame) -> str:
+    return markdown_table(df, float_format=".1f")
 
 
 def _models_table(exp_raw: dict, store: Path) -> pd.DataFrame:
@@ -304,19 +297,19 @@ def write_page(exp: str, out: Path, store: Path, command: str, seconds: float, s
         f"shared store): {_jobs(summary)}; date " + time.strftime("%Y-%m-%d") + ".",
         "Reductions against the paper (from the config):\n\n"
         + "\n".join(f"- {r}" for r in exp_obj.raw.get("reductions", [])),
-        "### Base models (test accuracy, %)\n\n" + _table(_models_table(exp_obj.raw, store)),
+        "### Base models (test accuracy, %)\n\n" + _md(_models_table(exp_obj.raw, store)),
         "### Findings of PROTOCOL section 7 against this run\n\n"
-        + _table(pd.DataFrame(findings(exp, t), columns=["finding", "measured", "verdict"])),
+        + _md(pd.DataFrame(findings(exp, t), columns=["finding", "measured", "verdict"])),
     ]
     score = "excess_agreement" if exp == "c" else "agreement"
     parts.append(
         f"### {score.replace('_', ' ')} (mean over seeds), by point\n\n"
-        + _table(_agreement_table(t, score))
+        + _md(_agreement_table(t, score))
     )
     if "robust_agreement" in t and t["robust_agreement"].notna().any():
         parts.append(
             "### agreement under PGD attack, by point\n\n"
-            + _table(_agreement_table(t, "robust_agreement"))
+            + _md(_agreement_table(t, "robust_agreement"))
         )
     if exp == "d" and (out / "cka.csv").exists():
         cka = pd.read_csv(out / "cka.csv")
@@ -324,14 +317,14 @@ def write_page(exp: str, out: Path, store: Path, command: str, seconds: float, s
         names = cka.drop_duplicates("point_index").set_index("point_index")["point"]
         wide.columns = [f"{i} ({names[i]})" for i in wide.columns]
         wide = wide.map(lambda v: f"{v:.3f}").reset_index()
-        parts.append("### Linear CKA (unbiased HSIC), by point\n\n" + _table(wide))
+        parts.append("### Linear CKA (unbiased HSIC), by point\n\n" + _md(wide))
     if t["iri_median_error"].notna().any():
         q = (
             t[t.protocol == "iris"]
             .groupby(["front", "point_index", "point"])[["iri_median_error", "iri_p90_error"]]
             .first().reset_index()
         )  # fmt: skip
-        parts.append("### IRI quality (relative error of the front's activation)\n\n" + _table(q))
+        parts.append("### IRI quality (relative error of the front's activation)\n\n" + _md(q))
     parts.append("### Figures\n\n" + "\n\n".join(f"![{n}](figures/{n})" for n in copied))
     generated = "\n\n".join(parts)
     page = docs / f"{exp}.md"

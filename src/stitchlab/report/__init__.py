@@ -33,10 +33,12 @@ from .inputs import (
     load_results,
     load_run,
 )
+from .markdown import markdown_table
 from .tables import curve_stats, front_reference, infer_num_classes, iri_quality, layer_averages
 
 __all__ = [
     "make_report",
+    "markdown_table",
     "load_run",
     "load_results",
     "load_pairs",
