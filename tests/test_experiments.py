@@ -151,13 +151,19 @@ def test_adversarial_stitching_rows_have_robust_agreement(tmp_path):
     config = copy.deepcopy(TINY)
     config["pairs"] = {"identical": {"front": "back", "back": "back"}}
     config["stitch"].update(
-        protocols=["standard", "iris"], objectives=["slm"], attack={"eps": 4 / 255, "steps": 1}
+        protocols=["standard", "iris"],
+        objectives=["slm"],
+        attack={"eps": 4 / 255, "steps": 1, "samples": 8},
     )
     config["stitch"]["training"]["adversarial"] = {"eps": 4 / 255, "steps": 1}
     run_experiment(config, tmp_path, progress=False)
     rows = _rows(tmp_path / "results.csv")
     assert len(rows) == 4 and all(r["adversarial"] == "True" for r in rows)
     assert all(0 <= float(r["robust_agreement"]) <= 100 for r in rows)
+    assert all(r["robust_samples"] == "8" for r in rows)
+    config["stitch"]["attack"] = {"eps": 4 / 255, "stepz": 1}
+    with pytest.raises(ConfigError, match="stepz"):
+        run_experiment(config, tmp_path / "bad", progress=False)
 
 
 def test_killed_stitch_stage_resumes(tmp_path, monkeypatch):

@@ -296,5 +296,14 @@ def test_adversarial_stitch_training_and_robust_scores(images):
     ident = sl.stitch(model, model, "blocks.1", (x, y), epochs=0, init="identity")
     attacked = sl.evaluate(ident, (x, y), model, attack={"eps": 8 / 255, "steps": 3})
     assert attacked["robust_agreement"] == pytest.approx(100.0, abs=1e-3)
-    with pytest.raises(ValueError, match="eps, step and steps"):
+    # attack only the first 10 test images: same clean scores, 10 attacked
+    few = sl.evaluate(ident, (x, y), model, attack={"eps": 8 / 255, "steps": 3, "samples": 10})
+    assert few["robust_samples"] == 10 and attacked["robust_samples"] == len(x)
+    assert few["agreement"] == attacked["agreement"]
+    with pytest.raises(ValueError, match="eps, step, steps"):
         sl.stitch(model, model, "blocks.1", (x, y), adversarial={"radius": 1})
+    with pytest.raises(ValueError, match="samples must be a positive integer"):
+        sl.evaluate(ident, (x, y), model, attack={"samples": 0})
+    with pytest.raises(ValueError, match="closed_form.*adversarial"):
+        sl.stitch(model, model, "blocks.1", (x, y), objective="dm", solver="closed_form",
+                  adversarial={"steps": 1})  # fmt: skip

@@ -38,7 +38,10 @@ from .layers import ActivationSpec, StitchLayer, fit_least_squares
 from .objectives import Objective, StitchOutputs, make_objective
 from .split import split, tap_model
 
-__all__ = ["StitchedModel", "TrainingConfig", "stitch", "evaluate", "ActivationCache"]
+__all__ = [
+    "StitchedModel", "TrainingConfig", "stitch", "evaluate", "robust_scores", "check_attack",
+    "ActivationCache",
+]  # fmt: skip
 
 
 @dataclass
@@ -83,10 +86,11 @@ class TrainingConfig:
         if self.init_samples < 1:
             raise ValueError(f"init_samples must be >= 1, got {self.init_samples}")
         if self.adversarial is not None:
-            unknown = sorted(set(self.adversarial) - {"eps", "step", "steps"})
-            if unknown:
+            check_attack(self.adversarial, "adversarial")
+            if self.solver == "closed_form":
                 raise ValueError(
-                    f"adversarial takes eps, step and steps (PGD, L-inf); got {unknown}"
+                    "solver='closed_form' cannot train adversarially (it solves least squares "
+                    "on fixed activations); use solver='adam' with adversarial."
                 )
 
     @classmethod
@@ -96,6 +100,27 @@ class TrainingConfig:
         cfg = cls(**kwargs)
         cfg.validate()
         return cfg
+
+
+_ATTACK_KEYS = {"eps", "step", "steps"}
+
+
+def check_attack(settings: dict, where: str = "attack", samples: bool = False) -> None:
+    """Raise a ValueError unless ``settings`` are PGD settings (L-inf): ``eps``, ``step``,
+    ``steps`` (and, for an evaluation attack, ``samples``: attack only the first that many
+    test images)."""
+    if not isinstance(settings, dict):
+        raise ValueError(f"{where} must be a table of PGD settings, got {settings!r}")
+    allowed = _ATTACK_KEYS | ({"samples"} if samples else set())
+    unknown = sorted(set(settings) - allowed)
+    if unknown:
+        raise ValueError(f"{where} takes {', '.join(sorted(allowed))} (PGD, L-inf); got {unknown}")
+    for key in ("eps", "step"):
+        if key in settings and not float(settings[key]) > 0:
+            raise ValueError(f"{where} {key} must be > 0, got {settings[key]}")
+    for key in ("steps", "samples"):
+        if key in settings and (int(settings[key]) != settings[key] or settings[key] < 1):
+            raise ValueError(f"{where} {key} must be a positive integer, got {settings[key]}")
 
 
 def _freeze(model: nn.Module) -> nn.Module:
@@ -595,9 +620,8 @@ def evaluate(
 
     ``reference`` is a model (run in eval mode) or its logits on ``test_data``. Returns
     agreement, accuracy, hard agreement, error consistency, chance-normalised agreement
-    and the reference's own accuracy. With ``attack`` (PGD settings ``{eps, step,
-    steps}``; ``reference`` must then be a model) also ``robust_agreement`` and
-    ``robust_accuracy``: both models on PGD examples against the stitched model.
+    and the reference's own accuracy. With ``attack`` (``reference`` must then be a
+    model) also the scores of :func:`robust_scores`.
     """
     from ._data import predict
 
@@ -621,7 +645,7 @@ def evaluate(
     agree = metrics.agreement(logits, ref_logits)
     robust = {}
     if attack is not None:
-        robust = _robust_scores(stitched, test_data, reference, attack, batch_size)
+        robust = robust_scores(stitched, test_data, reference, attack, batch_size=batch_size)
     return robust | {
         "agreement": agree,
         "agreement_normalized": metrics.chance_normalized(agree, k),
@@ -632,21 +656,40 @@ def evaluate(
     }
 
 
-def _robust_scores(stitched, test_data, reference, attack, batch_size) -> dict[str, float]:
+def robust_scores(
+    stitched: nn.Module,
+    test_data: DataLike,
+    reference: nn.Module,
+    attack: dict,
+    *,
+    batch_size: int = 256,
+) -> dict[str, float]:
+    """Agreement and accuracy under attack: PGD examples against the stitched model
+    (``attack``: ``{eps, step, steps}``, L-inf, and optionally ``samples``, to attack only
+    the first that many test images), scored on both the stitched and the reference model.
+    Returns ``robust_agreement``, ``robust_accuracy`` and ``robust_samples``.
+    """
     if not isinstance(reference, nn.Module):
-        raise ValueError("evaluate(attack=...) needs the reference model, not its logits.")
+        raise ValueError("robust scores need the reference model, not its logits.")
+    check_attack(attack, "attack", samples=True)
+    settings = {k: v for k, v in attack.items() if k != "samples"}
     dataset, _ = as_dataset(test_data, "test_data")
+    if "samples" in attack and attack["samples"] < len(dataset):
+        dataset = torch.utils.data.Subset(dataset, range(int(attack["samples"])))
     device = _module_device(stitched)
     outs, refs, labels = [], [], []
+    ref_was = reference.training
     reference.eval()
     for x, y in batches(dataset, batch_size, device):
-        x_adv = _attack(stitched, x, y, attack)
+        x_adv = _attack(stitched, x, y, settings)
         with torch.no_grad():
             outs.append(stitched(x_adv).float().cpu())
             refs.append(reference(x_adv).float().cpu())
         labels.append(y.cpu())
+    reference.train(ref_was)
     logits, ref_logits, y_all = torch.cat(outs), torch.cat(refs), torch.cat(labels)
     return {
         "robust_agreement": metrics.agreement(logits, ref_logits),
         "robust_accuracy": metrics.accuracy(logits, y_all),
+        "robust_samples": len(y_all),
     }

@@ -237,6 +237,13 @@ def _validate(raw: dict[str, Any]) -> Experiment:
         TrainingConfig.from_kwargs(**stitch["training"])
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"[stitch] training: {exc}") from exc
+    if stitch["attack"] is not None:
+        from ..fit import check_attack
+
+        try:
+            check_attack(stitch["attack"], "[stitch] attack", samples=True)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from exc
     raw["stitch"] = stitch
 
     from ..iris import IRIRecipe

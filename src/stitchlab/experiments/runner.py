@@ -34,7 +34,7 @@ RESULT_COLUMNS = [
     "hard_agreement", "error_consistency", "reference_accuracy", "agreement_rolled",
     "excess_agreement", "init_residual", "iri_median_error", "iri_p90_error",
     "iri_pixel_rms", "iri_flagged", "adversarial", "robust_agreement", "robust_accuracy",
-    "cache_used", "seconds",
+    "robust_samples", "cache_used", "seconds",
 ]  # fmt: skip
 
 
@@ -225,6 +225,7 @@ def _row_names(exp_raw: dict[str, Any], job: dict[str, Any]) -> dict[str, Any]:
 def stitch_job(job: dict[str, Any]) -> dict[str, Any]:
     """One stitch run, scored on the test data; the row of the results table."""
     from .. import evaluate, stitch
+    from ..fit import robust_scores
     from ..iris import IRISet
 
     exp_raw, store = job["exp"], Path(job["store"])
@@ -252,9 +253,8 @@ def stitch_job(job: dict[str, Any]) -> dict[str, Any]:
     reference = _reference_logits(exp_raw, store, job["back"], job["marker"])
     scores = evaluate(stitched, test_marked, reference, batch_size=st["eval_batch_size"])
     if st["attack"]:  # experiment B: agreement under PGD against the stitched model
-        robust = evaluate(stitched, test_marked, back, attack=st["attack"])
-        scores.update(robust_agreement=robust["robust_agreement"],
-                      robust_accuracy=robust["robust_accuracy"])  # fmt: skip
+        scores.update(robust_scores(stitched, test_marked, back, st["attack"],
+                                    batch_size=st["eval_batch_size"]))  # fmt: skip
     row: dict[str, Any] = {
         **_row_names(exp_raw, job), **scores, "init_residual": stitched.init_residual,
         "adversarial": st["training"].get("adversarial") is not None,
