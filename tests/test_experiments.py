@@ -2,6 +2,7 @@
 
 import copy
 import csv
+import re
 
 import pytest
 
@@ -88,6 +89,12 @@ def test_builtin_and_repository_configs_are_valid():
     configs = sorted((Path(__file__).parent.parent / "configs").rglob("*.toml"))
     for path in configs:
         load_config(path)
+    # the configs that --help shows as examples exist
+    from stitchlab.cli import EXAMPLES
+
+    root = Path(__file__).parent.parent
+    shown = re.findall(r"configs/\S+\.toml", " ".join(EXAMPLES.values()))
+    assert shown and all((root / p).is_file() for p in shown), shown
 
 
 def test_run_resume_extend(tmp_path):

@@ -14,8 +14,9 @@ __all__ = ["main"]
 EXAMPLES = {
     "layers": "stitchlab layers resnet18 --width 16\n  stitchlab layers vit_tiny_patch4_32",
     "demo": "stitchlab demo --out demo-out\n  stitchlab demo --out /tmp/d --quick",
-    "run": "stitchlab run configs/cpu/a_cues.toml --out runs/a\n  "
-    "stitchlab run configs/cpu/a_cues.toml --out runs/a --ray\n  "
+    "run": "STITCHLAB_DATA=data stitchlab run configs/cpu/a_cifar10_resnet18.toml --out runs/a\n  "
+    "STITCHLAB_DATA=data stitchlab run configs/cpu/b_robust.toml --out runs/b "
+    "--store runs/a/store --ray\n  "
     "stitchlab run my.toml --out x --check",
     "report": "stitchlab report runs/a",
     "stitch": "stitchlab stitch runs/a/store/models/seed1-*/model.safetensors "
