@@ -34,6 +34,7 @@ CONFIGS = {
     "b": "b_robust",
     "b_adversarial": "b_robust_adversarial",
     "c": "c_unseen",
+    "c_seed": "c_unseen_seed",
     "d": "d_cka",
     "e": "e_sanity",
     "coloured_mnist": "coloured_mnist",
@@ -172,7 +173,7 @@ def findings(exp: str, t: pd.DataFrame) -> list[tuple[str, str, str]]:
                     f"standard {_fmt(st)}; IRIs {_fmt(ir)}; gap at the last point {gap:.1f}",
                     verdict(gap >= 20 if mixed else gap <= 20),
                 ))  # fmt: skip
-    elif exp == "c":
+    elif exp in ("c", "c_seed"):
         e = _mean(t, "excess_agreement")
         zero = "about zero"
         expected = {
@@ -239,9 +240,11 @@ def _models_table(exp_raw: dict, store: Path) -> pd.DataFrame:
             continue
         d = describe(path)
         ev = d.get("evaluation", {})
+        seconds = sum(float(e.get("seconds", 0.0)) for e in d.get("history") or [])
         rows.append({
             "model": name, "method": d.get("method"), "marker": d.get("marker") or "",
             "epochs": d.get("epochs"), "train images": d.get("train_size"),
+            "training min": round(seconds / 60, 1),
             **{k.replace("_", " "): v for k, v in ev.items()},
         })  # fmt: skip
     return pd.DataFrame(rows)
@@ -301,7 +304,7 @@ def write_page(exp: str, out: Path, store: Path, command: str, seconds: float, s
         "### Findings of PROTOCOL section 7 against this run\n\n"
         + _md(pd.DataFrame(findings(exp, t), columns=["finding", "measured", "verdict"])),
     ]
-    score = "excess_agreement" if exp == "c" else "agreement"
+    score = "excess_agreement" if exp in ("c", "c_seed") else "agreement"
     parts.append(
         f"### {score.replace('_', ' ')} (mean over seeds), by point\n\n"
         + _md(_agreement_table(t, score))
