@@ -35,6 +35,7 @@ CONFIGS = {
     "b_adversarial": "b_robust_adversarial",
     "c": "c_unseen",
     "c_seed": "c_unseen_seed",
+    "c_seed_10k": "c_unseen_seed_10k",
     "d": "d_cka",
     "e": "e_sanity",
     "coloured_mnist": "coloured_mnist",
@@ -173,7 +174,7 @@ def findings(exp: str, t: pd.DataFrame) -> list[tuple[str, str, str]]:
                     f"standard {_fmt(st)}; IRIs {_fmt(ir)}; gap at the last point {gap:.1f}",
                     verdict(gap >= 20 if mixed else gap <= 20),
                 ))  # fmt: skip
-    elif exp in ("c", "c_seed"):
+    elif exp in ("c", "c_seed", "c_seed_10k"):
         e = _mean(t, "excess_agreement")
         zero = "about zero"
         expected = {
@@ -277,7 +278,9 @@ def _commit() -> str:
     return git("rev-parse", "--short", "HEAD") + (" (with uncommitted changes)" if dirty else "")
 
 
-def write_page(exp: str, out: Path, store: Path, command: str, seconds: float, summary) -> Path:
+def write_page(
+    exp: str, out: Path, store: Path, command: str, seconds: float, summary, commit: str
+) -> Path:
     """Write docs/validation/<exp>.md (generated part) and copy the figures."""
     from stitchlab.experiments import load_config
 
@@ -295,7 +298,7 @@ def write_page(exp: str, out: Path, store: Path, command: str, seconds: float, s
         copied.append(dest.name)
     parts = [
         f"Command: `{command}`",
-        f"Commit {_commit()}; wall time {seconds:.0f} s ({seconds / 60:.1f} min) on 2 CPU "
+        f"Commit {commit}; wall time {seconds:.0f} s ({seconds / 60:.1f} min) on 2 CPU "
         f"cores; jobs computed by that run (of all the run's jobs; the rest came from the "
         f"shared store): {_jobs(summary)}; date " + time.strftime("%Y-%m-%d") + ".",
         "Reductions against the paper (from the config):\n\n"
@@ -304,7 +307,7 @@ def write_page(exp: str, out: Path, store: Path, command: str, seconds: float, s
         "### Findings of PROTOCOL section 7 against this run\n\n"
         + _md(pd.DataFrame(findings(exp, t), columns=["finding", "measured", "verdict"])),
     ]
-    score = "excess_agreement" if exp in ("c", "c_seed") else "agreement"
+    score = "excess_agreement" if exp in ("c", "c_seed", "c_seed_10k") else "agreement"
     parts.append(
         f"### {score.replace('_', ' ')} (mean over seeds), by point\n\n"
         + _md(_agreement_table(t, score))
@@ -360,6 +363,7 @@ def main() -> int:
         help="page only: the wall time (s) of an earlier run of the same jobs",
     )
     ap.add_argument("--command", default=None, help="page only: the command of that run")
+    ap.add_argument("--commit", default=None, help="page only: the commit that run ran on")
     args = ap.parse_args()
     from stitchlab.experiments import load_config, run_experiment
     from stitchlab.report import make_report
@@ -379,6 +383,7 @@ def main() -> int:
     exp = load_config(config)
     if args.threads is not None:  # not part of any job key: results are the same
         exp.raw["run"]["threads"] = args.threads
+    commit = _commit()  # the code the run starts on, not what HEAD is when it ends
     t0 = time.perf_counter()
     summary = run_experiment(exp, out, store=args.store)
     make_report(out)
@@ -386,13 +391,13 @@ def main() -> int:
     print(f"{args.experiment}: {seconds:.0f} s; results in {out}")
     if args.wall is not None:  # the jobs ran earlier (e.g. with stitchlab run); say so
         seconds, command = args.wall, args.command or command
+        commit = args.commit or commit
         summary = {
             k: f"{v} (this rerun)" for k, v in summary.items() if k in ("models", "iris", "stitch")
         }
     if not args.no_page:
-        print(
-            f"page: {write_page(args.experiment, out, Path(args.store), command, seconds, summary)}"
-        )
+        page = write_page(args.experiment, out, Path(args.store), command, seconds, summary, commit)
+        print(f"page: {page}")
     return 0
 
 
