@@ -18,7 +18,7 @@ def _toy_fit(lo: float) -> tuple[float, float]:
     f = 2 * (x - 0.25).abs() + 2
     layer = StitchLayer(ActivationSpec("vector", (1,)), ActivationSpec("vector", (1,)))
     fit_least_squares(layer, [(f, x)])
-    return float(layer.main.weight), float(layer.main.bias)
+    return layer.main.weight.item(), layer.main.bias.item()
 
 
 def test_toy_forward_only_fit():

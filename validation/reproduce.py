@@ -248,7 +248,11 @@ def _models_table(exp_raw: dict, store: Path) -> pd.DataFrame:
             "training min": round(seconds / 60, 1),
             **{k.replace("_", " "): v for k, v in ev.items()},
         })  # fmt: skip
-    return pd.DataFrame(rows)
+    table = pd.DataFrame(rows)
+    for column in ("epochs", "train images", "robust samples"):  # counts, also where
+        if column in table:  # some models lack them (NaN would make them floats)
+            table[column] = table[column].astype("Int64")
+    return table
 
 
 def _agreement_table(t: pd.DataFrame, column: str) -> pd.DataFrame:
