@@ -304,6 +304,8 @@ def test_adversarial_stitch_training_and_robust_scores(images):
         sl.stitch(model, model, "blocks.1", (x, y), adversarial={"radius": 1})
     with pytest.raises(ValueError, match="samples must be a positive integer"):
         sl.evaluate(ident, (x, y), model, attack={"samples": 0})
+    with pytest.raises(ValueError, match="eps must be a number"):
+        sl.evaluate(ident, (x, y), model, attack={"eps": "8/255"})
     with pytest.raises(ValueError, match="closed_form.*adversarial"):
         sl.stitch(model, model, "blocks.1", (x, y), objective="dm", solver="closed_form",
                   adversarial={"steps": 1})  # fmt: skip

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import math
+import numbers
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -115,12 +116,13 @@ def check_attack(settings: dict, where: str = "attack", samples: bool = False) -
     unknown = sorted(set(settings) - allowed)
     if unknown:
         raise ValueError(f"{where} takes {', '.join(sorted(allowed))} (PGD, L-inf); got {unknown}")
-    for key in ("eps", "step"):
-        if key in settings and not float(settings[key]) > 0:
-            raise ValueError(f"{where} {key} must be > 0, got {settings[key]}")
-    for key in ("steps", "samples"):
-        if key in settings and (int(settings[key]) != settings[key] or settings[key] < 1):
-            raise ValueError(f"{where} {key} must be a positive integer, got {settings[key]}")
+    for key, value in settings.items():
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            raise ValueError(f"{where} {key} must be a number, got {value!r}")
+        if key in ("eps", "step") and not value > 0:
+            raise ValueError(f"{where} {key} must be > 0, got {value}")
+        if key in ("steps", "samples") and (value != int(value) or value < 1):
+            raise ValueError(f"{where} {key} must be a positive integer, got {value}")
 
 
 def _freeze(model: nn.Module) -> nn.Module:
@@ -678,7 +680,8 @@ def robust_scores(
         dataset = torch.utils.data.Subset(dataset, range(int(attack["samples"])))
     device = _module_device(stitched)
     outs, refs, labels = [], [], []
-    ref_was = reference.training
+    was, ref_was = stitched.training, reference.training
+    stitched.eval()
     reference.eval()
     for x, y in batches(dataset, batch_size, device):
         x_adv = _attack(stitched, x, y, settings)
@@ -686,6 +689,7 @@ def robust_scores(
             outs.append(stitched(x_adv).float().cpu())
             refs.append(reference(x_adv).float().cpu())
         labels.append(y.cpu())
+    stitched.train(was)
     reference.train(ref_was)
     logits, ref_logits, y_all = torch.cat(outs), torch.cat(refs), torch.cat(labels)
     return {
