@@ -40,6 +40,8 @@ CONFIGS = {
     "e": "e_sanity",
     "coloured_mnist": "coloured_mnist",
 }
+#: the experiment of PROTOCOL section 6 that each page reproduces (its findings)
+FAMILY = {"a_cross_supervision": "a", "b_adversarial": "b", "c_seed": "c", "c_seed_10k": "c"}
 BEGIN, END = "<!-- generated:begin -->", "<!-- generated:end -->"
 IRI_OBJECTIVES = ("slm", "dm", "fula")
 
@@ -97,7 +99,8 @@ def findings(exp: str, t: pd.DataFrame) -> list[tuple[str, str, str]]:
             if not s.empty:
                 rows.append((f"{pair}, {o.upper()} on IRIs: {claim}", _fmt(s), verdict(ok(s))))
 
-    if exp in ("a", "a_cross_supervision", "d"):
+    family = FAMILY.get(exp, exp)
+    if family in ("a", "d"):
         standard_similar(pairs)
         if "identical" in pairs:
             iris_curve("identical", "stays at about 100 (>= 95)", lambda s: s.min() >= 95)
@@ -143,7 +146,7 @@ def findings(exp: str, t: pd.DataFrame) -> list[tuple[str, str, str]]:
                 f"DM {g['dm']:.1f}, FuLA {g['fula']:.1f}, SLM {g['slm']:.1f}",
                 verdict(g["dm"] <= min(g["fula"], g["slm"])),
             ))  # fmt: skip
-    elif exp in ("b", "b_adversarial"):
+    elif family == "b":
         score = (
             "robust_agreement"
             if "robust_agreement" in t and t["robust_agreement"].notna().any()
@@ -174,7 +177,7 @@ def findings(exp: str, t: pd.DataFrame) -> list[tuple[str, str, str]]:
                     f"standard {_fmt(st)}; IRIs {_fmt(ir)}; gap at the last point {gap:.1f}",
                     verdict(gap >= 20 if mixed else gap <= 20),
                 ))  # fmt: skip
-    elif exp in ("c", "c_seed", "c_seed_10k"):
+    elif family == "c":
         e = _mean(t, "excess_agreement")
         zero = "about zero"
         expected = {
@@ -204,7 +207,7 @@ def findings(exp: str, t: pd.DataFrame) -> list[tuple[str, str, str]]:
                 f"SLM {s['slm']:.1f}, FuLA {s['fula']:.1f}, DM {s['dm']:.1f}",
                 verdict(s["slm"] > s["fula"] > s["dm"]),
             ))  # fmt: skip
-    elif exp == "coloured_mnist":
+    elif family == "coloured_mnist":
         controls = [p for p in pairs if p in ("identical", "cross-seed")]
         misleading = [p for p in pairs if p not in controls]
         standard_similar(pairs)
@@ -212,7 +215,7 @@ def findings(exp: str, t: pd.DataFrame) -> list[tuple[str, str, str]]:
             iris_curve(pair, "not similar (<= 30 at every point)", lambda s: s.max() <= 30)
         for pair in controls:
             iris_curve(pair, "stays similar (>= 80 at every point)", lambda s: s.min() >= 80)
-    elif exp == "e":
+    elif family == "e":
         for o in IRI_OBJECTIVES:
             s = _at(m, "identical", "iris", o)
             if not s.empty:
@@ -311,7 +314,7 @@ def write_page(
         "### Findings of PROTOCOL section 7 against this run\n\n"
         + _md(pd.DataFrame(findings(exp, t), columns=["finding", "measured", "verdict"])),
     ]
-    score = "excess_agreement" if exp in ("c", "c_seed", "c_seed_10k") else "agreement"
+    score = "excess_agreement" if FAMILY.get(exp, exp) == "c" else "agreement"
     parts.append(
         f"### {score.replace('_', ' ')} (mean over seeds), by point\n\n"
         + _md(_agreement_table(t, score))

@@ -17,12 +17,11 @@ def markdown_table(
     Columns are the union of the rows' keys in first-seen order; a missing value, ``None``
     or NaN is an empty cell; floats use ``float_format`` (e.g. ``".1f"``) when given.
     """
-    records = rows.to_dict("records") if isinstance(rows, pd.DataFrame) else list(rows)
     if isinstance(rows, pd.DataFrame):
         cols = [str(c) for c in rows.columns]
-        records = [{str(k): v for k, v in r.items()} for r in records]
+        records = [{str(k): v for k, v in r.items()} for r in rows.to_dict("records")]
     else:
-        cols = []
+        records, cols = list(rows), []
         for r in records:
             cols += [c for c in r if c not in cols]
 
