@@ -120,7 +120,7 @@ def test_to_vector_uses_pooled_features():
 
 
 def test_unbridgeable_shapes_name_both():
-    with pytest.raises(StitchShapeError, match=r"vector\(64,\).*conv\(8, 4, 4\)"):
+    with pytest.raises(StitchShapeError, match=r"NC 64 .*NCHW 8x4x4"):
         StitchLayer(ActivationSpec("vector", (64,)), ActivationSpec("conv", (8, 4, 4)))
     with pytest.raises(StitchShapeError, match="neither"):
         ActivationSpec.of(torch.zeros(2, 3, 4, 5, 6))
@@ -134,3 +134,61 @@ def test_identity_init_needs_equal_formats():
     torch.testing.assert_close(layer(a), a)
     with pytest.raises(StitchShapeError):
         StitchLayer(spec, ActivationSpec("conv", (3, 5, 5))).init_identity()
+
+
+@pytest.mark.parametrize(
+    ("src_layout", "dst_layout", "hw"),
+    [("NHWC", "NHWC", (8, 8)), ("NHWC", "NCHW", (8, 8)), ("NCHW", "NHWC", (4, 4)),
+     ("NHWC", "NHWC", (16, 16))],
+)  # fmt: skip
+def test_channels_last_maps_are_stitched_over_channels(src_layout, dst_layout, hw):
+    """A channels-last map gives the same layer as its channels-first permutation."""
+    a = torch.randn(40, 5, 8, 8)  # NCHW reference
+    z = _random_affine_conv(a, 7, hw)
+    a_in = a.permute(0, 2, 3, 1) if src_layout == "NHWC" else a
+    z_in = z.permute(0, 2, 3, 1) if dst_layout == "NHWC" else z
+    src = ActivationSpec.of(a_in, layout=src_layout)
+    dst = ActivationSpec.of(z_in, layout=dst_layout)
+    assert src.channels == 5 and dst.channels == 7 and dst.grid == hw
+    layer = StitchLayer(src, dst)
+    assert fit_least_squares(layer, [(a_in, z_in)]) < 1e-4
+    torch.testing.assert_close(layer(a_in), z_in, rtol=1e-4, atol=1e-4)
+    ref = StitchLayer(ActivationSpec.of(a), ActivationSpec.of(z))
+    ref.load_state_dict(layer.state_dict())
+    out = ref(a)
+    out = out.permute(0, 2, 3, 1) if dst_layout == "NHWC" else out
+    torch.testing.assert_close(layer(a_in), out)
+
+
+def test_channels_last_to_tokens_and_vector():
+    a = torch.randn(12, 4, 4, 6)  # NHWC
+    spec = ActivationSpec.of(a, layout="NHWC")
+    tokens = torch.randn(12, 17, 10)
+    t = StitchLayer(spec, ActivationSpec.of(tokens, 1))
+    assert t(a).shape == tokens.shape
+    v = StitchLayer(spec, ActivationSpec.of(torch.randn(12, 3)))
+    torch.testing.assert_close(v.design_rows(a, torch.zeros(12, 3))[0][0], a.mean((1, 2)))
+
+
+def test_sequences_are_stitched_over_channels_with_length_resize():
+    a = torch.randn(30, 4, 50)  # NCL
+    w, b = torch.randn(6, 4), torch.randn(6)
+    z_full = torch.einsum("ncl,oc->nol", a, w) + b[None, :, None]
+    z = torch.nn.functional.interpolate(z_full[:, :, None], size=(1, 25), mode="bilinear",
+                                        align_corners=False)[:, :, 0]  # fmt: skip
+    src, dst = ActivationSpec.of(a, layout="NCL"), ActivationSpec.of(z, layout="NCL")
+    assert (src.kind, src.channels, src.grid, dst.grid) == ("seq", 4, (1, 50), (1, 25))
+    layer = StitchLayer(src, dst)
+    assert fit_least_squares(layer, [(a, z)]) < 1e-4
+    torch.testing.assert_close(layer(a), z, rtol=1e-4, atol=1e-4)
+
+
+def test_least_squares_is_scale_free():
+    """Features of magnitude 1e-7 (deep random nets) fit as well as unit ones."""
+    x = torch.randn(200, 6, dtype=torch.float64)
+    y = x @ torch.randn(6, 3, dtype=torch.float64) + 0.5
+    for scale in (1e-7, 1.0, 1e4):
+        ls = LeastSquares(6, 3)
+        ls.add(x * scale, y)
+        w, b, res = ls.solve()
+        assert res < 1e-8, (scale, res)

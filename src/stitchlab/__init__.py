@@ -4,6 +4,8 @@ The public API::
 
     stitch_points(model)                -> ordered cut points
     split(model, point)                 -> (front, back) with back(front(x)) == model(x)
+    TracedModel(model)                  -> trace once, cut often; .formats(x) gives the
+                                           activation layout (NCHW, NHWC, NCL, NLC, NC)
     stitch(front, back, point, data)    -> trained StitchedModel (protocol="iris" for
                                            invariance-aware stitching)
     generate_iris(model, point, images) -> identically represented inputs (+ quality)
@@ -25,7 +27,15 @@ from .metrics import (
     layer_average,
 )
 from .objectives import DM, HLM, SLM, FuLA, Objective
-from .split import SplitError, later_points, split, stitch_points, tap_model
+from .splitting import (
+    SplitError,
+    TracedModel,
+    activation_formats,
+    later_points,
+    split,
+    stitch_points,
+    tap_model,
+)
 
 __version__ = "0.1.0"
 
@@ -34,6 +44,8 @@ __all__ = [
     "split",
     "later_points",
     "tap_model",
+    "TracedModel",
+    "activation_formats",
     "stitch",
     "evaluate",
     "generate_iris",

@@ -150,13 +150,18 @@ def check_options(cls: type, kwargs: dict, what: str) -> None:
 def predict(
     model: torch.nn.Module, data: DataLike, *, batch_size: int = 256, device=None
 ) -> tuple[Tensor, Tensor]:
-    """``(logits, labels)`` of ``model`` over ``data``, in the model's current mode."""
+    """``(logits, labels)`` of ``model`` over ``data``, in the model's current mode.
+
+    A model that returns a tuple or a dict gives its logits element (see
+    :func:`stitchlab.splitting.select_logits`)."""
+    from .splitting import select_logits
+
     dataset, _ = as_dataset(data)
     if device is None:
         device = _module_device(model)
     outs, labels = [], []
     for x, y in batches(dataset, batch_size, device):
-        outs.append(model(x).float().cpu())
+        outs.append(select_logits(model(x), None, type(model).__name__).float().cpu())
         labels.append(y.cpu())
     return torch.cat(outs), torch.cat(labels)
 

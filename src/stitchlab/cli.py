@@ -26,23 +26,75 @@ EXAMPLES = {
 }
 
 
-def _cmd_layers(args: argparse.Namespace) -> int:
-    from . import models
-    from .layers import ActivationSpec
-    from .split import split, stitch_points
+def _model_options(args: argparse.Namespace) -> dict:
+    import ast
 
     options = {}
-    if args.width is not None:
+    if getattr(args, "width", None) is not None:
         options["width"] = args.width
-    model = models.create(args.model, num_classes=args.num_classes, **options).eval()
-    size = args.input_size or (224 if "224" in args.model else 32)
-    x = torch.rand(1, 3, size, size)
-    print(f"{args.model}: {len(stitch_points(model))} stitch points (input 3x{size}x{size})")
-    with torch.no_grad():
-        for p in stitch_points(model):
-            front, _ = split(model, p)
-            spec = ActivationSpec.of(front(x), getattr(model, "num_prefix_tokens", None))
-            print(f"  {p:<14} {spec}")
+    for item in getattr(args, "option", None) or []:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ValueError(f"--option takes KEY=VALUE, got {item!r}")
+        try:
+            options[key] = ast.literal_eval(value)  # numbers, tuples, strings; no code
+        except (ValueError, SyntaxError):
+            options[key] = value
+    return options
+
+
+def _tracing_args(args: argparse.Namespace) -> dict:
+    """``leaf_modules``, ``output`` and ``layouts`` from the command line."""
+    from .splitting import resolve_leaf_modules
+
+    out = getattr(args, "output", None)
+    if out is not None and out.lstrip("-").isdigit():
+        out = int(out)
+    layouts = {}
+    for item in getattr(args, "layout", None) or []:
+        point, sep, lay = item.partition("=")
+        if not sep:
+            raise ValueError(f"--layout takes POINT=LAYOUT (e.g. features.3=NHWC), got {item!r}")
+        layouts[point] = lay
+    return {
+        "leaf_modules": resolve_leaf_modules(getattr(args, "leaf_module", None) or []),
+        "output": out,
+        "layouts": layouts or None,
+    }
+
+
+def _cmd_layers(args: argparse.Namespace) -> int:
+    from . import models
+    from .splitting import TracedModel
+
+    if Path(args.model).exists():
+        model = models.load(args.model)
+        name = args.model
+    else:
+        model = models.create(args.model, num_classes=args.num_classes, **_model_options(args))
+        name = args.model
+    model.eval()
+    c, h, w = models.default_input_size(model) or (3, 0, 0)
+    if args.input_size:
+        h = w = args.input_size
+    elif not h:
+        h = w = 224 if "224" in name else 32
+    if args.in_channels:
+        c = args.in_channels
+    x = torch.rand(3, c, h, w, generator=torch.Generator().manual_seed(0))
+    tracing = _tracing_args(args)
+    tm = TracedModel(model, leaf_modules=tracing["leaf_modules"], output=tracing["output"])
+    points = tm.points("all" if args.all else "default")
+    formats = tm.formats(x, points, layouts=tracing["layouts"])
+    kind = "exact cuts" if args.all else "stitch points"
+    print(f"{name}: {len(points)} {kind} (input {c}x{h}x{w}; layout: the axis order of the "
+          "activation, batch first)")  # fmt: skip
+    width = max(len(p) for p in points)
+    for p in points:
+        f = formats[p]
+        print(f"  {p:<{width}}  {f.spec if f.spec is not None else '-- ' + str(f.problem)}")
+    if not tm.same_in_both_modes:
+        print("(forward differs between train and eval mode: each half keeps both graphs)")
     return 0
 
 
@@ -173,6 +225,17 @@ def _cmd_train(args: argparse.Namespace) -> int:
     return run_train_command(args)
 
 
+def _add_tracing_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--leaf-module", action="append", metavar="MODULE.CLASS",
+                   help="a module class torch.fx must not trace into (repeatable)")  # fmt: skip
+    p.add_argument("--output", default=None,
+                   help="which output is the logits when forward returns a tuple (index) or "
+                   "a dict (key); default: the first / 'logits'")  # fmt: skip
+    p.add_argument("--layout", action="append", metavar="POINT=LAYOUT",
+                   help="the layout of a point's activation (NCHW, NHWC, NCL, NLC, NC) where "
+                   "it cannot be detected (repeatable)")  # fmt: skip
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="stitchlab",
@@ -189,11 +252,18 @@ def _parser() -> argparse.ArgumentParser:
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
 
-    lay = add("layers", "List a model's stitch points with their activation shapes.")
-    lay.add_argument("model", help="a registered model name (e.g. resnet18)")
+    lay = add("layers", "List a model's stitch points with their activation formats.")
+    lay.add_argument("model", help="a registered name (resnet18), torchvision:NAME, timm:NAME "
+                     "or a checkpoint")  # fmt: skip
     lay.add_argument("--width", type=int, default=None, help="model width option")
+    lay.add_argument("--option", action="append", metavar="KEY=VALUE",
+                     help="another model option (repeatable), e.g. img_size=64")  # fmt: skip
     lay.add_argument("--num-classes", type=int, default=10)
-    lay.add_argument("--input-size", type=int, default=None, help="image side (32 or 224)")
+    lay.add_argument("--input-size", type=int, default=None,
+                     help="image side (default: the model's own, else 32 or 224)")  # fmt: skip
+    lay.add_argument("--in-channels", type=int, default=None, help="input channels (3)")
+    lay.add_argument("--all", action="store_true", help="every exact cut, not only the blocks")
+    _add_tracing_arguments(lay)
     lay.set_defaults(func=_cmd_layers)
 
     demo = add("demo", "The main job: train small networks on generated data, stitch them.")

@@ -15,7 +15,7 @@ import copy
 import math
 import numbers
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -35,9 +35,9 @@ from ._data import (
     is_deterministic,
     triples,
 )
-from .layers import ActivationSpec, StitchLayer, fit_least_squares
+from .layers import StitchLayer, fit_least_squares
 from .objectives import Objective, StitchOutputs, make_objective
-from .split import split, tap_model
+from .splitting import OutputSelector, TracedModel
 
 __all__ = [
     "StitchedModel", "TrainingConfig", "stitch", "evaluate", "robust_scores", "check_attack",
@@ -131,11 +131,6 @@ def _freeze(model: nn.Module) -> nn.Module:
     return model
 
 
-def _prefix_tokens(model: nn.Module) -> int | None:
-    n = getattr(model, "num_prefix_tokens", None)
-    return int(n) if isinstance(n, int) else None
-
-
 class StitchedModel(nn.Module):
     """``back_{>j}(stitch_layer(front_{<=i}(x)))``: images in, logits out.
 
@@ -199,7 +194,7 @@ class StitchedModel(nn.Module):
 class _Targets:
     """Computes, from images, what an objective compares against (back model on x)."""
 
-    def __init__(self, back_model: nn.Module, back_point: str, objective: Objective) -> None:
+    def __init__(self, back_model: TracedModel, back_point: str, objective: Objective) -> None:
         keys = objective.target_keys
         self.keys = keys
         self.act_keys = [k for k in keys if k not in ("labels", "logits")]
@@ -210,9 +205,11 @@ class _Targets:
             or len(self.act_keys) > 1
             or (self.act_keys and self.act_keys != [back_point])
         ):
-            self.model = tap_model(back_model, self.act_keys) if self.act_keys else back_model
+            self.model = (
+                back_model.tap(self.act_keys) if self.act_keys else back_model.logits_model()
+            )
         elif self.act_keys:  # only the stitch point: the back model's prefix is enough
-            self.model, _ = split(back_model, back_point)
+            self.model, _ = back_model.split(back_point)
             self._only = back_point
 
     @torch.no_grad()
@@ -382,6 +379,9 @@ def stitch(
     iris_cache: str | None = None,
     iris_options: dict | None = None,
     allow_flagged_iris: bool = False,
+    leaf_modules: Sequence[type] = (),
+    output: OutputSelector | tuple[OutputSelector, OutputSelector] = None,
+    layouts: Mapping[str, str] | None = None,
     **training,
 ) -> StitchedModel:
     """Train a stitch from ``front_model`` at ``point`` into ``back_model`` at ``back_point``.
@@ -411,6 +411,13 @@ def stitch(
         iris_cache: folder of the IRI cache (see :func:`~stitchlab.iris.generate_iris_set`).
         iris_options: IRI recipe options (steps, step_size, optimizer, ...).
         allow_flagged_iris: use an IRI set whose median error is above its threshold.
+        leaf_modules: module classes that torch.fx must not trace into (both models).
+        output: which element of a model's output is the logits, when its forward returns
+            a tuple or dict (an index or key; a pair ``(front's, back's)`` when they
+            differ); default: the first element of a tuple, the ``"logits"`` of a dict.
+        layouts: the activation layout of named points (``{"features.3": "NHWC"}``,
+            see :data:`stitchlab.splitting.LAYOUTS`) where detection from the graph fails
+            or must be overridden.
         **training: any :class:`TrainingConfig` field (epochs, lr, batch_size, solver,
             init, cache, frozen_mode, seed, device, ...).
 
@@ -419,6 +426,7 @@ def stitch(
     """
     cfg = TrainingConfig.from_kwargs(**training)
     back_point = point if back_point is None else back_point
+    front_output, back_output = output if isinstance(output, tuple) else (output, output)
     options = {}
     name = objective.name if isinstance(objective, Objective) else str(objective).lower()
     if name == "slm":
@@ -437,6 +445,7 @@ def stitch(
         dataset, iri_quality = _iris_training_set(
             front_model, point, dataset, iris, iris_branches, iris_cache,
             iris_options or {}, allow_flagged_iris, cfg.seed, device,
+            {"leaf_modules": tuple(leaf_modules), "output": front_output},
         )  # fmt: skip
     elif protocol != "standard":
         raise ValueError(f"protocol must be 'standard' or 'iris', got {protocol!r}")
@@ -451,18 +460,26 @@ def stitch(
     front_model.train(frozen_train)
     back_model.train(frozen_train)
 
-    front, _ = split(front_model, point)
-    back_prefix, back = split(back_model, back_point, taps="later")
+    traced_front = TracedModel(front_model, leaf_modules=leaf_modules, output=front_output)
+    traced_back = (
+        traced_front
+        if back_model is front_model and back_output == front_output
+        else TracedModel(back_model, leaf_modules=leaf_modules, output=back_output)
+    )
+    front, _ = traced_front.split(point)
+    back_prefix, back = traced_back.split(back_point, taps="later")
     later = list(back.tap_names)
     obj.bind(back_point, later)
-    targets = _Targets(back_model, back_point, obj)
+    targets = _Targets(traced_back, back_point, obj)
 
     torch.manual_seed(cfg.seed)
+    # the activation formats, from a batch of 3 (an odd size tells the batch axis apart)
+    x0 = torch.stack([dataset[i % len(dataset)][0] for i in range(3)]).to(device)
+    src = traced_front.formats(x0, [point], layouts=layouts)[point].require()
+    dst = traced_back.formats(x0, [back_point], layouts=layouts)[back_point].require()
+    x0 = x0[: min(2, len(dataset))]
     with torch.no_grad():
-        x0 = torch.stack([dataset[i][0] for i in range(min(2, len(dataset)))]).to(device)
-        a0, z0 = front(x0), back_prefix(x0)
-    src = ActivationSpec.of(a0, _prefix_tokens(front_model))
-    dst = ActivationSpec.of(z0, _prefix_tokens(back_model))
+        a0 = front(x0)
     layer = StitchLayer(src, dst).to(device)
     stitched = StitchedModel(front, layer, back, point, back_point, later, cfg.frozen_mode)
     stitched.objective = obj.name
@@ -524,7 +541,8 @@ def stitch(
 
 
 def _iris_training_set(
-    front_model, point, real, iris, branches, cache_dir, options, allow_flagged, seed, device
+    front_model, point, real, iris, branches, cache_dir, options, allow_flagged, seed, device,
+    tracing,
 ):
     """The stitching set of the IRI protocol and the quality of its IRIs."""
     from torch.utils.data import TensorDataset
@@ -539,10 +557,12 @@ def _iris_training_set(
         if cache_dir is not None:
             iris = generate_iris_set(
                 front_model, point, real, cache_dir, seed=seed, threshold=threshold,
-                device=device, **options,
+                device=device, **tracing, **options,
             )  # fmt: skip
         else:
-            iris = generate_iris(front_model, point, real, seed=seed, device=device, **options)
+            iris = generate_iris(
+                front_model, point, real, seed=seed, device=device, **tracing, **options
+            )
     if isinstance(iris, IRIResult):
         quality = iris.quality(threshold)
         iris = iris.iris

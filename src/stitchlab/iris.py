@@ -33,7 +33,7 @@ from torch import Tensor, nn
 from torch.utils.data import Dataset
 
 from ._data import DataLike, _module_device, as_dataset, batches, check_options
-from .split import split
+from .splitting import split
 
 __all__ = [
     "IRIRecipe",
@@ -178,8 +178,10 @@ def dequantise(q: Tensor, box: tuple[float, float] = (0.0, 1.0)) -> Tensor:
     return q.float() / 255 * (hi - lo) + lo
 
 
-def _frozen_front(model: nn.Module, point: str) -> nn.Module:
-    front, _ = split(model, point)
+def _frozen_front(
+    model: nn.Module, point: str, leaf_modules: tuple = (), output=None
+) -> nn.Module:
+    front, _ = split(model, point, leaf_modules=leaf_modules, output=output)
     front = copy.deepcopy(front).eval()
     for p in front.parameters():
         p.requires_grad_(False)
@@ -317,6 +319,8 @@ def generate_iris(
     seed: int = 0,
     *,
     device: str | torch.device | None = None,
+    leaf_modules: tuple[type, ...] = (),
+    output: int | str | None = None,
     **recipe,
 ) -> IRIResult:
     """IRIs of ``images`` for ``model`` cut at ``point``.
@@ -329,6 +333,8 @@ def generate_iris(
         step_size: step size in box units (1/255 at 32x32 in the paper).
         seed: seed of the noise start; the result is deterministic for a seed.
         device: where to run (default: the model's device).
+        leaf_modules: module classes not to trace into (see :func:`stitchlab.split`).
+        output: which element of ``model``'s output is the logits (tuple/dict outputs).
         **recipe: further :class:`IRIRecipe` fields (optimizer, start, tolerance, box,
             final_step_size, batch_size, amp).
 
@@ -338,7 +344,7 @@ def generate_iris(
     """
     rec = IRIRecipe.from_kwargs(steps=steps, step_size=step_size, **recipe)
     dev = torch.device(device) if device is not None else _module_device(model)
-    front = _frozen_front(model, point).to(dev)
+    front = _frozen_front(model, point, leaf_modules, output).to(dev)
     if isinstance(images, Tensor):
         _check_images(images, rec.box)
         sources = [images]
@@ -509,6 +515,8 @@ def generate_iris_set(
     device: str | torch.device | None = None,
     progress: bool = False,
     on_chunk: Callable[[int, int], None] | None = None,
+    leaf_modules: tuple[type, ...] = (),
+    output: int | str | None = None,
     **recipe,
 ) -> IRISet:
     """Generate (or reuse, or resume) the IRI set of ``data`` for ``model`` at ``point``.
@@ -519,7 +527,8 @@ def generate_iris_set(
     regenerates missing or damaged ones, so an interrupted run finishes with the same
     bytes as an uninterrupted one. Memory does not grow with the data set size.
 
-    ``on_chunk(i, num_chunks)`` is called after each finished chunk (progress, tests).
+    ``on_chunk(i, num_chunks)`` is called after each finished chunk (progress, tests);
+    ``leaf_modules`` and ``output`` say how to trace ``model`` (see :func:`stitchlab.split`).
     Returns the :class:`IRISet`; a set whose median error exceeds ``threshold`` is flagged
     (a warning here; :func:`stitchlab.stitch` refuses it unless told otherwise).
     """
@@ -532,7 +541,7 @@ def generate_iris_set(
         )
     dataset, _ = as_dataset(data, "data")
     dev = torch.device(device) if device is not None else _module_device(model)
-    front = _frozen_front(model, point)
+    front = _frozen_front(model, point, leaf_modules, output)
     key_parts = {
         "format": FORMAT_VERSION,
         "front": model_fingerprint(front),

@@ -16,6 +16,10 @@ conv/tokens    vector         Linear of the pooled map / of the class token
 vector         vector         Linear
 =============  =============  ==================================================
 
+A map is NCHW or NHWC (channels last: Swin, MaxViT) and a sequence NCL (Conv1d, as a
+map of height 1): whatever the layout, every layer maps the channel axis (the layout is
+part of :class:`ActivationSpec`, detected by :meth:`stitchlab.splitting.TracedModel.formats`).
+
 Every layer is affine in its parameters, so its least-squares fit is solved exactly
 from streamed normal equations in float64 (:class:`LeastSquares`).
 """
@@ -38,7 +42,14 @@ __all__ = [
     "fit_least_squares",
 ]
 
-Kind = Literal["conv", "tokens", "vector"]
+Kind = Literal["conv", "seq", "tokens", "vector"]
+
+# layout -> (kind, channel axis of one sample's activation)
+_LAYOUT_KIND = {
+    "NCHW": ("conv", 0), "NHWC": ("conv", 2), "NCL": ("seq", 0), "NLC": ("tokens", 1),
+    "NC": ("vector", 0),
+}  # fmt: skip
+_DEFAULT_LAYOUT = {"conv": "NCHW", "seq": "NCL", "tokens": "NLC", "vector": "NC"}
 
 
 class StitchShapeError(ValueError):
@@ -47,22 +58,44 @@ class StitchShapeError(ValueError):
 
 @dataclass(frozen=True)
 class ActivationSpec:
-    """The format of one sample's activation at a stitch point."""
+    """The format of one sample's activation at a stitch point.
+
+    ``layout`` says which axis holds the channels (batch first): ``NCHW`` or ``NHWC``
+    maps (kind ``conv``), ``NCL`` sequences (``seq``, e.g. Conv1d), ``NLC`` tokens,
+    ``NC`` vectors. Every stitch layer maps channels to channels whatever the layout.
+    """
 
     kind: Kind
-    shape: tuple[int, ...]  # without the batch dimension
+    shape: tuple[int, ...]  # without the batch dimension, in the activation's own layout
     prefix_tokens: int = 0  # tokens only: class/register tokens before the grid
+    layout: str | None = None  # default: the kind's channels-first (tokens: NLC) layout
+
+    def __post_init__(self) -> None:
+        layout = self.layout or _DEFAULT_LAYOUT.get(self.kind)
+        if layout not in _LAYOUT_KIND or _LAYOUT_KIND[layout][0] != self.kind:
+            raise StitchShapeError(f"layout {self.layout!r} does not fit kind {self.kind!r}")
+        if len(self.shape) != len(layout) - 1:
+            raise StitchShapeError(
+                f"an activation of layout {layout} has {len(layout) - 1} axes per sample, "
+                f"got shape {self.shape}"
+            )
+        object.__setattr__(self, "layout", layout)
 
     @property
     def channels(self) -> int:
-        """Feature dimension: C for conv, D for tokens and vectors."""
-        return self.shape[0] if self.kind == "conv" else self.shape[-1]
+        """Feature dimension: C of a map or sequence, D of tokens and vectors."""
+        return self.shape[_LAYOUT_KIND[self.layout][1]]  # type: ignore[index]
 
     @property
     def grid(self) -> tuple[int, int] | None:
-        """Spatial size (H, W) of the map or token grid, or None for vectors."""
-        if self.kind == "conv":
+        """Spatial size (H, W) of the map or token grid ((1, L) for a sequence), or None
+        for vectors and tokens that do not form a square grid."""
+        if self.layout == "NCHW":
             return (self.shape[1], self.shape[2])
+        if self.layout == "NHWC":
+            return (self.shape[0], self.shape[1])
+        if self.layout == "NCL":
+            return (1, self.shape[1])
         if self.kind == "tokens":
             n = self.shape[0] - self.prefix_tokens
             side = math.isqrt(n)
@@ -70,31 +103,47 @@ class ActivationSpec:
         return None
 
     @classmethod
-    def of(cls, activation: Tensor, prefix_tokens: int | None = None) -> ActivationSpec:
-        """The spec of a batched activation ``(N, ...)``."""
+    def of(
+        cls, activation: Tensor, prefix_tokens: int | None = None, layout: str | None = None
+    ) -> ActivationSpec:
+        """The spec of a batched activation ``(N, ...)`` in ``layout``.
+
+        Without a layout the rank decides (4 axes: NCHW, 3: tokens, 2: vector); stitch()
+        passes the layout detected from the model's graph instead.
+        """
         shape = tuple(activation.shape[1:])
-        if len(shape) == 3:
-            return cls("conv", shape)
-        if len(shape) == 2:
+        if layout is None:
+            layout = {3: "NCHW", 2: "NLC", 1: "NC"}.get(len(shape))
+            if layout is None:
+                raise StitchShapeError(
+                    f"Activation of shape {tuple(activation.shape)} is neither a conv map "
+                    "(N,C,H,W), tokens (N,L,D) nor a vector (N,D)."
+                )
+        if layout not in _LAYOUT_KIND:
+            raise StitchShapeError(f"unknown layout {layout!r}; one of {', '.join(_LAYOUT_KIND)}")
+        kind = _LAYOUT_KIND[layout][0]
+        if kind == "tokens":
+            if len(shape) != 2:
+                raise StitchShapeError(f"tokens (N,L,D) expected, got {tuple(activation.shape)}")
             if prefix_tokens is None:  # infer: the grid is the largest square that fits
                 prefix_tokens = shape[0] - math.isqrt(shape[0]) ** 2
-            return cls("tokens", shape, prefix_tokens)
-        if len(shape) == 1:
-            return cls("vector", shape)
-        raise StitchShapeError(
-            f"Activation of shape {tuple(activation.shape)} is neither a conv map "
-            "(N,C,H,W), tokens (N,L,D) nor a vector (N,D)."
-        )
+            return cls("tokens", shape, prefix_tokens, layout)
+        return cls(kind, shape, 0, layout)  # type: ignore[arg-type]
 
     def __str__(self) -> str:
+        dims = "x".join(str(d) for d in self.shape)
         extra = f", {self.prefix_tokens} prefix" if self.kind == "tokens" else ""
-        return f"{self.kind}{self.shape}{extra}"
+        return f"{self.layout} {dims} ({self.channels} channels{extra})"
 
 
 def _pooled(a: Tensor, spec: ActivationSpec) -> Tensor:
     """A vector per sample: spatial mean, class token (or token mean), or itself."""
-    if spec.kind == "conv":
+    if spec.layout == "NCHW":
         return a.mean(dim=(2, 3))
+    if spec.layout == "NHWC":
+        return a.mean(dim=(1, 2))
+    if spec.layout == "NCL":
+        return a.mean(dim=2)
     if spec.kind == "tokens":
         return a[:, 0] if spec.prefix_tokens > 0 else a.mean(dim=1)
     return a
@@ -102,11 +151,24 @@ def _pooled(a: Tensor, spec: ActivationSpec) -> Tensor:
 
 def _grid_map(a: Tensor, spec: ActivationSpec) -> Tensor:
     """The activation as an ``(N, C, H, W)`` map (grid tokens only for tokens)."""
-    if spec.kind == "conv":
+    if spec.layout == "NCHW":
         return a
+    if spec.layout == "NHWC":
+        return a.permute(0, 3, 1, 2)
+    if spec.layout == "NCL":
+        return a.unsqueeze(2)
     h, w = spec.grid  # type: ignore[misc]
     grid = a[:, spec.prefix_tokens :]
     return grid.transpose(1, 2).reshape(a.shape[0], spec.channels, h, w)
+
+
+def _from_map(m: Tensor, spec: ActivationSpec) -> Tensor:
+    """An ``(N, C, H, W)`` map in ``spec``'s layout (inverse of :func:`_grid_map`)."""
+    if spec.layout == "NHWC":
+        return m.permute(0, 2, 3, 1)
+    if spec.layout == "NCL":
+        return m.squeeze(2)
+    return m
 
 
 def _resize(m: Tensor, size: tuple[int, int]) -> Tensor:
@@ -155,9 +217,12 @@ class StitchLayer(nn.Module):
         src, dst = self.src, self.dst
         if dst.kind == "vector":
             return self.main(_pooled(a, src))
-        if dst.kind == "conv":
+        if dst.kind in ("conv", "seq"):
+            if src.layout == dst.layout == "NHWC" and src.grid == dst.grid:
+                return self.main(a)  # channels last: the 1x1 convolution is a Linear
             m = _resize(_grid_map(a, src), dst.grid)  # type: ignore[arg-type]
-            return F.conv2d(m, self.main.weight[:, :, None, None], self.main.bias)
+            out = F.conv2d(m, self.main.weight[:, :, None, None], self.main.bias)
+            return _from_map(out, dst)
         # tokens
         if self.same_tokens:
             return self.main(a)
@@ -181,9 +246,9 @@ class StitchLayer(nn.Module):
         n = a.shape[0]
         if dst.kind == "vector":
             return [(_pooled(a, src), target.reshape(n, -1))]
-        if dst.kind == "conv":
+        if dst.kind in ("conv", "seq"):
             m = _resize(_grid_map(a, src), dst.grid)  # type: ignore[arg-type]
-            return [(_channels_last_rows(m), _channels_last_rows(target))]
+            return [(_channels_last_rows(m), _channels_last_rows(_grid_map(target, dst)))]
         if self.same_tokens:
             return [(a.reshape(-1, src.channels), target.reshape(-1, dst.channels))]
         if self.shared_tokens:
@@ -248,9 +313,18 @@ class LeastSquares:
         if ridge > 0:
             scale = float(torch.diagonal(a)[:d].mean()) or 1.0
             a[:d, :d] += ridge * scale * torch.eye(d, dtype=torch.float64)
-            sol = torch.linalg.solve(a, self.xty)
+        # equilibrate: every column at unit RMS, so that features of any magnitude (1e-7
+        # in a deep randomly initialised net, 1e3 elsewhere) meet the bias column on
+        # equal terms and the rank cut-off is relative to each feature's own scale
+        col = torch.sqrt(torch.diagonal(a) / self.rows)
+        col = torch.where(col > 0, col, torch.ones_like(col))
+        a_s = a / (col[:, None] * col[None, :])
+        b_s = self.xty / col[:, None]
+        if ridge > 0:
+            sol = torch.linalg.solve(a_s, b_s) / col[:, None]
         else:
-            sol = torch.linalg.lstsq(a, self.xty, driver="gelsd", rcond=1e-12).solution
+            sol = torch.linalg.lstsq(a_s, b_s, driver="gelsd", rcond=1e-12).solution
+            sol = sol / col[:, None]
         sse = self.yty - 2 * float((sol * self.xty).sum()) + float((sol * (self.xtx @ sol)).sum())
         residual = math.sqrt(max(sse, 0.0) / self.yty) if self.yty > 0 else 0.0
         return sol[:d].T.contiguous(), sol[d].contiguous(), residual

@@ -67,7 +67,9 @@ METHODS = ("standard", "adversarial", "simclr")
 
 _TOP = {"name", "description", "reductions", "data", "models", "pairs", "stitch", "iris", "run"}
 _DATA = {"kind", "root", "n_train", "n_test", "seed", "options", "num_classes", "test_iris"}
-_MODEL = {"arch", "options", "seed", "method", "marker", "recipe", "base", "robust_eval", "data"}
+_MODEL = {"arch", "options", "seed", "method", "marker", "recipe", "base", "robust_eval", "data",
+          "leaf_modules", "output", "layouts"}  # fmt: skip
+_TRACING = ("leaf_modules", "output", "layouts")
 _PAIR = {"front", "back", "marker", "back_point_map"}
 _STITCH = {
     "points", "objectives", "protocols", "n_stitch", "n_init", "training", "seeds",
@@ -187,12 +189,13 @@ def _validate(raw: dict[str, Any]) -> Experiment:
         _check_keys(full["data"], _DATA, f"{where} data")
         if "kind" in full["data"]:
             _one_of(full["data"]["kind"], DATA_KINDS, f"{where} data kind")
-        if full.get("arch") not in model_registry.list_models():
+        full["tracing"] = _check_tracing({k: full.pop(k) for k in _TRACING if k in full}, where)
+        if not model_registry.is_known(str(full.get("arch"))):
             close = difflib.get_close_matches(str(full.get("arch")), model_registry.list_models())
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             raise ConfigError(
                 f"{where} arch {full.get('arch')!r} is not a known model{hint}; known: "
-                f"{', '.join(model_registry.list_models())}"
+                f"{', '.join(model_registry.list_models())}, or torchvision:NAME / timm:NAME"
             )
         _one_of(full["method"], METHODS, f"{where} method")
         if full["marker"] is not None:
@@ -269,21 +272,47 @@ def _validate(raw: dict[str, Any]) -> Experiment:
     return exp
 
 
+def _check_tracing(tracing: dict, where: str) -> dict:
+    """``leaf_modules`` (class names), ``output`` (index or key) and ``layouts`` (point ->
+    layout) of a model: how it is traced and stitched."""
+    from ..splitting import LAYOUTS, resolve_leaf_modules
+
+    leaves = tracing.get("leaf_modules", [])
+    if not isinstance(leaves, list) or not all(isinstance(c, str) for c in leaves):
+        raise ConfigError(f"{where} leaf_modules must be a list of class names, got {leaves!r}")
+    try:
+        resolve_leaf_modules(leaves)
+    except ValueError as exc:
+        raise ConfigError(f"{where} {exc}") from None
+    out = tracing.get("output")
+    if out is not None and (isinstance(out, bool) or not isinstance(out, (int, str))):
+        raise ConfigError(f"{where} output must be an index or a key, got {out!r}")
+    layouts = tracing.get("layouts", {})
+    if not isinstance(layouts, dict) or any(v not in LAYOUTS for v in layouts.values()):
+        raise ConfigError(
+            f"{where} layouts must map points to one of {', '.join(LAYOUTS)}, got {layouts!r}"
+        )
+    return {k: v for k, v in tracing.items() if v not in (None, [], {})}
+
+
 def _check_points(exp: Experiment) -> dict[str, list[str]]:
     """The points of every pair, checked against the back model's stitch points."""
     from .. import models as model_registry
-    from ..split import stitch_points
+    from ..splitting import stitch_points
 
     cache: dict[str, list[str]] = {}
     out = {}
     for pair, spec in exp.pairs.items():
         back = exp.models[spec["back"]]
-        key = stable_hash([back["arch"], back["options"]])
+        key = stable_hash([back["arch"], back["options"], back.get("tracing", {})])
         if key not in cache:
             model = model_registry.create(
                 back["arch"], num_classes=exp.data["num_classes"], **back["options"]
             )
-            cache[key] = stitch_points(model)
+            tracing = back.get("tracing", {})
+            cache[key] = stitch_points(
+                model, leaf_modules=tracing.get("leaf_modules", ()), output=tracing.get("output")
+            )
         valid = cache[key]
         wanted = exp.stitch["points"]
         if wanted == "all":

@@ -103,9 +103,32 @@ def _stitch_data(exp_raw: dict[str, Any], marker: str | None):
 
 def model_key(exp_raw: dict[str, Any], name: str) -> str:
     """Store key of a base model: its table and the data it is trained on."""
-    return f"{name}-" + stable_hash(
-        {"v": STORE_VERSION, "model": exp_raw["models"][name], "data": exp_raw["data"]}
-    )
+    model = {k: v for k, v in exp_raw["models"][name].items() if k != "tracing"}
+    return f"{name}-" + stable_hash({"v": STORE_VERSION, "model": model, "data": exp_raw["data"]})
+
+
+def _tracing(exp_raw: dict[str, Any], front: str, back: str | None = None) -> dict[str, Any]:
+    """How to trace a front (and a back): ``leaf_modules``, ``output``, ``layouts``."""
+    from ..splitting import resolve_leaf_modules
+
+    specs = [exp_raw["models"][front].get("tracing", {})]
+    if back is not None:
+        specs.append(exp_raw["models"][back].get("tracing", {}))
+    leaves = resolve_leaf_modules(sorted({c for t in specs for c in t.get("leaf_modules", [])}))
+    out: dict[str, Any] = {"leaf_modules": leaves}
+    if back is None:
+        out["output"] = specs[0].get("output")
+        return out
+    out["output"] = (specs[0].get("output"), specs[1].get("output"))
+    layouts: dict[str, str] = {}
+    for t in specs:
+        for point, lay in t.get("layouts", {}).items():
+            if layouts.setdefault(point, lay) != lay:
+                raise ValueError(
+                    f"models {front!r} and {back!r} give point {point!r} different layouts"
+                )
+    out["layouts"] = layouts or None
+    return out
 
 
 def _model_dir(store: Path, exp_raw: dict[str, Any], name: str) -> Path:
@@ -171,7 +194,7 @@ def iris_job(job: dict[str, Any]) -> dict[str, Any]:
     iri_set = generate_iris_set(
         front, job["point"], data, store / "iris", threshold=threshold,
         data_key=stable_hash([exp_raw["data"], exp_raw["stitch"]["n_stitch"], job["marker"]]),
-        **opts,
+        **_tracing(exp_raw, job["front"]), **opts,
     )  # fmt: skip
     q = iri_set.quality
     return {
@@ -202,6 +225,13 @@ def stitch_key(exp_raw: dict[str, Any], job: dict[str, Any]) -> str:
         "data": exp_raw["data"],
         "iris": exp_raw["iris"] if job["protocol"] == "iris" else None,
     }
+    tracing = {
+        k: exp_raw["models"][job[k]].get("tracing", {}) for k in ("front", "back")
+    }  # output and layouts change results; only present when set (older keys unchanged)
+    if any(t.get("output") is not None or t.get("layouts") for t in tracing.values()):
+        parts["tracing"] = {
+            k: {"output": t.get("output"), "layouts": t.get("layouts")} for k, t in tracing.items()
+        }
     return stable_hash(parts, 24)
 
 
@@ -247,7 +277,8 @@ def stitch_job(job: dict[str, Any]) -> dict[str, Any]:
         front, back, job["point"], stitch_data, objective=job["objective"],
         protocol=job["protocol"], iris=iris, iris_branches=st["iris_branches"],
         allow_flagged_iris=True, seed=job["stitch_seed"], init_samples=st["n_init"],
-        device=exp_raw["run"]["device"], **st["training"],
+        device=exp_raw["run"]["device"], **_tracing(exp_raw, job["front"], job["back"]),
+        **st["training"],
     )  # fmt: skip
     test_marked = _marked(test, job["marker"], data)
     reference = _reference_logits(exp_raw, store, job["back"], job["marker"])
@@ -290,17 +321,18 @@ def cka_job(job: dict[str, Any]) -> list[dict[str, Any]]:
     on the front's IRIs of the test data (same IRI machinery and recipe)."""
     from ..iris import generate_iris_set
     from ..metrics import cka
-    from ..split import split
+    from ..splitting import split
 
     exp_raw, store = job["exp"], Path(job["store"])
     front, back, test = _pair_on_test(job)
-    f_front, _ = split(front, job["point"])
-    f_back, _ = split(back, job["point"])
+    f_front, _ = split(front, job["point"], **_tracing(exp_raw, job["front"]))
+    f_back, _ = split(back, job["point"], **_tracing(exp_raw, job["back"]))
     opts = dict(exp_raw["iris"])
     threshold = float(opts.pop("threshold", 0.5))
     iri_set = generate_iris_set(
         front, job["point"], test, store / "iris", threshold=threshold,
-        data_key=stable_hash(["test", exp_raw["data"], job["marker"]]), **opts,
+        data_key=stable_hash(["test", exp_raw["data"], job["marker"]]),
+        **_tracing(exp_raw, job["front"]), **opts,
     )  # fmt: skip
     rows = []
     for name, data in (("test", test), ("test_iris", iri_set)):

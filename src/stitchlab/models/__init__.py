@@ -35,6 +35,8 @@ from torch import nn
 
 __all__ = [
     "create",
+    "is_known",
+    "default_input_size",
     "register",
     "list_models",
     "SmallCNN",
@@ -66,8 +68,59 @@ def list_models() -> list[str]:
     return sorted(_REGISTRY)
 
 
+_LIBRARIES = ("torchvision:", "timm:")
+
+
+def is_known(name: str) -> bool:
+    """Whether :func:`create` can build ``name`` (registered, or ``torchvision:NAME`` /
+    ``timm:NAME`` of an architecture that library lists)."""
+    if name in _REGISTRY:
+        return True
+    if name.startswith("torchvision:"):
+        import torchvision
+
+        return name.split(":", 1)[1] in torchvision.models.list_models()
+    if name.startswith("timm:"):
+        import timm
+
+        return timm.is_model(name.split(":", 1)[1])
+    return False
+
+
+def _create_from_library(name: str, num_classes: int, options: dict) -> nn.Module:
+    lib, arch = name.split(":", 1)
+    if not is_known(name):
+        raise KeyError(
+            f"Unknown {lib} architecture {arch!r}; see "
+            + ("torchvision.models.list_models()" if lib == "torchvision" else "timm.list_models()")
+        )
+    try:
+        if lib == "torchvision":
+            import torchvision
+
+            return torchvision.models.get_model(
+                arch, weights=None, num_classes=num_classes, **options
+            )
+        import timm
+
+        return timm.create_model(arch, pretrained=False, num_classes=num_classes, **options)
+    except TypeError as exc:
+        raise TypeError(f"Bad options for model {name!r}: {exc}") from exc
+
+
 def create(name: str, num_classes: int = 10, **options) -> nn.Module:
-    """Build model ``name`` with random weights (no download, ever)."""
+    """Build model ``name`` with random weights (no download, ever).
+
+    ``name`` is a registered name (:func:`list_models`), ``torchvision:NAME`` (any
+    architecture of ``torchvision.models.list_models()``) or ``timm:NAME``; options go to
+    the factory (``timm.create_model``'s ``img_size=``, ``depth=``, ...).
+    """
+    if name.startswith(_LIBRARIES):
+        model = _create_from_library(name, num_classes, options)
+        model.stitchlab_name = name  # type: ignore[assignment]
+        model.stitchlab_num_classes = num_classes  # type: ignore[assignment]
+        model.stitchlab_options = dict(options)  # type: ignore[assignment]
+        return model
     if name not in _REGISTRY:
         close = difflib.get_close_matches(name, list(_REGISTRY), n=1)
         hint = f" Did you mean {close[0]!r}?" if close else ""
@@ -196,6 +249,25 @@ class SmallCNN(nn.Module):
 def small_cnn(num_classes: int = 10, width: int = 16, in_channels: int = 3) -> nn.Module:
     """The small CNN of tests and demos."""
     return SmallCNN(num_classes, width, in_channels)
+
+
+def default_input_size(model: nn.Module) -> tuple[int, int, int] | None:
+    """``(C, H, W)`` the model expects, when it says (timm's ``pretrained_cfg``, a
+    torchvision ViT/Swin ``image_size``), else None."""
+    img = (getattr(model, "stitchlab_options", None) or {}).get("img_size")
+    if isinstance(img, int):  # built with img_size=
+        return 3, img, img
+    cfg = getattr(model, "pretrained_cfg", None) or getattr(model, "default_cfg", None)
+    if isinstance(cfg, dict) and cfg.get("input_size"):
+        c, h, w = cfg["input_size"]
+        img = getattr(getattr(model, "patch_embed", None), "img_size", None)
+        if isinstance(img, (tuple, list)) and len(img) == 2:
+            h, w = img  # built with another img_size than the pretrained default
+        return int(c), int(h), int(w)
+    size = getattr(model, "image_size", None)
+    if isinstance(size, int):
+        return 3, size, size
+    return None
 
 
 def classifier_head(model: nn.Module) -> tuple[str, nn.Linear]:
