@@ -71,6 +71,13 @@ def _without_seconds(rows):
         (lambda c: c["iris"].update(stepz=3), "Unknown IRI option"),
         (lambda c: c["data"].update(kind="imagenet"), "[data] kind is 'imagenet'"),
         (lambda c: c["pairs"]["identical"].update(marker="dot"), "marker is 'dot'"),
+        (lambda c: c["models"]["back"].update(leaf_modules=["torch.nn.Nope"]),
+         "leaf module 'torch.nn.Nope' is not an importable class"),
+        (lambda c: c["models"]["back"].update(leaf_modules=["collections.OrderedDict"]),
+         "is not an nn.Module class"),
+        (lambda c: c["models"]["back"].update(layouts={"blocks.1": "NWHC"}),
+         "layouts must map points to one of"),
+        (lambda c: c["models"]["back"].update(output=1.5), "output must be an index or a key"),
     ],
 )
 def test_invalid_configs_name_the_problem(change, message):
@@ -79,6 +86,23 @@ def test_invalid_configs_name_the_problem(change, message):
     with pytest.raises(ConfigError) as err:
         load_config(config)
     assert message in str(err.value)
+
+
+def test_tracing_keys_reach_the_jobs_and_keep_store_keys(tmp_path):
+    """leaf_modules/output/layouts are checked, passed to the jobs, and do not change the
+    store key of a model (weights do not depend on how a model is traced)."""
+    from stitchlab.experiments.runner import _tracing, model_key
+
+    plain = load_config(copy.deepcopy(TINY))
+    config = copy.deepcopy(TINY)
+    config["models"]["back"].update(leaf_modules=["torch.nn.ReLU"], layouts={"blocks.1": "NCHW"})
+    traced = load_config(config)
+    assert model_key(plain.raw, "back") == model_key(traced.raw, "back")
+    t = _tracing(traced.raw, "other", "back")
+    import torch
+
+    assert t["leaf_modules"] == (torch.nn.ReLU,) and t["layouts"] == {"blocks.1": "NCHW"}
+    assert t["output"] == (None, None)
 
 
 def test_builtin_and_repository_configs_are_valid():

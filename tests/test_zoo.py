@@ -258,3 +258,18 @@ def test_layers_command_shows_channels_last(capsys):
     out = capsys.readouterr().out
     assert "layers.0.blocks.0" in out and "NHWC 56x56x96 (96 channels)" in out
     assert PRE_LOGITS in out
+
+
+def test_cnn_into_channels_last_swin_and_back():
+    """NCHW -> NHWC and NHWC -> NCHW stitches build, fit and run (cross-architecture)."""
+    swin, side, _ = _build("tv_swin_small")
+    cnn, _, _ = _build("tv_resnet18")
+    x = torch.rand(32, 3, side, side, generator=torch.Generator().manual_seed(2))
+    y = torch.randint(0, 10, (32,))
+    s = sl.stitch(cnn, swin, "layer2.0", (x, y), back_point="features.1", epochs=1,
+                  objective="slm")  # fmt: skip
+    assert (s.stitch_layer.src.layout, s.stitch_layer.dst.layout) == ("NCHW", "NHWC")
+    assert s.stitch_layer.dst.channels == 16 and s(x[:2]).shape == (2, 10)
+    s2 = sl.stitch(swin, cnn, "features.1", (x, y), back_point="layer2.0", epochs=0)
+    assert (s2.stitch_layer.src.layout, s2.stitch_layer.dst.layout) == ("NHWC", "NCHW")
+    assert s2.stitch_layer.src.channels == 16 and s2(x[:2]).shape == (2, 10)

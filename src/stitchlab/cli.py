@@ -12,7 +12,9 @@ import torch
 __all__ = ["main"]
 
 EXAMPLES = {
-    "layers": "stitchlab layers resnet18 --width 16\n  stitchlab layers vit_tiny_patch4_32",
+    "layers": "stitchlab layers resnet18 --width 16\n  stitchlab layers vit_tiny_patch4_32\n  "
+    "stitchlab layers torchvision:swin_t --input-size 64\n  "
+    "stitchlab layers timm:maxvit_rmlp_pico_rw_256 --option img_size=64 --all",
     "demo": "stitchlab demo --out demo-out\n  stitchlab demo --out /tmp/d --quick",
     "run": "STITCHLAB_DATA=data stitchlab run configs/cpu/a_cifar10_resnet18.toml --out runs/a\n  "
     "STITCHLAB_DATA=data stitchlab run configs/cpu/b_robust.toml --out runs/b "
@@ -21,7 +23,8 @@ EXAMPLES = {
     "report": "stitchlab report runs/a",
     "stitch": "stitchlab stitch runs/a/store/models/seed1-*/model.safetensors "
     "runs/a/store/models/back-*/model.safetensors blocks.2 --protocol iris",
-    "iris": "stitchlab iris small_cnn blocks.1 --cache /tmp/iris --steps 40",
+    "iris": "stitchlab iris small_cnn blocks.1 --cache /tmp/iris\n  "
+    "stitchlab iris small_cnn blocks.1 --cache /tmp/iris --preset paper",
     "train": "stitchlab train --model small_cnn --data shapes --recipe fast --out /tmp/m",
 }
 
@@ -195,7 +198,8 @@ def _cmd_stitch(args: argparse.Namespace) -> int:
     train, test = _data_arg(args)
     s = stitch(front, back, args.point, train, objective=args.objective,
                back_point=args.back_point, protocol=args.protocol, epochs=args.epochs,
-               lr=args.lr, progress=True, iris_cache=args.iris_cache)  # fmt: skip
+               lr=args.lr, progress=True, iris_cache=args.iris_cache,
+               **_tracing_args(args))  # fmt: skip
     scores = evaluate(s, test, back)
     print(f"stitch layer: {s.stitch_layer.src} -> {s.stitch_layer.dst}; "
           f"init residual {s.init_residual}")  # fmt: skip
@@ -211,10 +215,15 @@ def _cmd_iris(args: argparse.Namespace) -> int:
 
     model = _load_model_arg(args.model)
     train, _ = _data_arg(args)
-    options = {"steps": args.steps, "step_size": args.step_size}
-    if args.final_step_size is not None:
-        options["final_step_size"] = args.final_step_size
-    iri_set = generate_iris_set(model, args.point, train, args.cache, progress=True, **options)
+    options = {"preset": args.preset}
+    for key in ("steps", "step_size", "final_step_size", "optimizer", "tolerance"):
+        if getattr(args, key) is not None:
+            options[key] = getattr(args, key)
+    tracing = _tracing_args(args)
+    tracing.pop("layouts")  # IRIs do not depend on the layout (a relative error)
+    iri_set = generate_iris_set(
+        model, args.point, train, args.cache, progress=True, **tracing, **options
+    )
     print(f"{iri_set.root}: {iri_set.quality}")
     return 0
 
@@ -292,8 +301,8 @@ def _parser() -> argparse.ArgumentParser:
     rep.set_defaults(func=_cmd_report)
 
     st = add("stitch", "Stitch two models at one point and print the scores.")
-    st.add_argument("front", help="checkpoint path or registered model name")
-    st.add_argument("back", help="checkpoint path or registered model name")
+    st.add_argument("front", help="checkpoint path, registered name, torchvision:NAME or timm:NAME")
+    st.add_argument("back", help="checkpoint path, registered name, torchvision:NAME or timm:NAME")
     st.add_argument("point", help="stitch point of the front (see stitchlab layers)")
     st.add_argument("--back-point", default=None)
     st.add_argument("--objective", default="slm", choices=("hlm", "slm", "dm", "fula"))
@@ -304,18 +313,25 @@ def _parser() -> argparse.ArgumentParser:
     st.add_argument("--data-root", default=None, help="CIFAR-10 folder (default: generated)")
     st.add_argument("--n", type=int, default=2000, help="stitching images")
     st.add_argument("--n-test", type=int, default=1000, help="test images")
+    _add_tracing_arguments(st)
     st.set_defaults(func=_cmd_stitch)
 
     ir = add("iris", "Generate (or resume) the IRI set of a model at a point; print quality.")
     ir.add_argument("model", help="checkpoint path or registered model name")
     ir.add_argument("point")
     ir.add_argument("--cache", required=True, help="IRI cache folder")
-    ir.add_argument("--steps", type=int, default=200)
-    ir.add_argument("--step-size", type=float, default=1 / 255)
+    ir.add_argument("--preset", default="default", choices=("default", "paper"),
+                    help="stitchlab's recipe (Adam, 200 steps, tolerance 0.01) or the "
+                    "paper's (200 signed steps of 1/255)")  # fmt: skip
+    ir.add_argument("--steps", type=int, default=None, help="override the preset's steps")
+    ir.add_argument("--step-size", type=float, default=None)
     ir.add_argument("--final-step-size", type=float, default=None)
+    ir.add_argument("--optimizer", default=None, choices=("adam", "sign", "l2"))
+    ir.add_argument("--tolerance", type=float, default=None)
     ir.add_argument("--data-root", default=None, help="CIFAR-10 folder (default: generated)")
     ir.add_argument("--n", type=int, default=2000)
     ir.add_argument("--n-test", type=int, default=1)
+    _add_tracing_arguments(ir)
     ir.set_defaults(func=_cmd_iris)
 
     from .train.command import add_train_arguments

@@ -547,29 +547,38 @@ def _iris_training_set(
     """The stitching set of the IRI protocol and the quality of its IRIs."""
     from torch.utils.data import TensorDataset
 
-    from .iris import IRIError, IRIResult, IRISet, generate_iris, generate_iris_set
+    from .iris import (
+        MIN_NULL_RATIO,
+        IRIError,
+        IRIQuality,
+        IRIResult,
+        IRISet,
+        generate_iris,
+        generate_iris_set,
+    )
 
     if branches not in ("both", "front", "back"):
         raise ValueError(f"iris_branches must be 'both', 'front' or 'back', got {branches!r}")
     options = dict(options)
     threshold = float(options.pop("threshold", 0.5))
+    min_ratio = float(options.pop("min_null_ratio", MIN_NULL_RATIO))
     if iris is None:
         if cache_dir is not None:
             iris = generate_iris_set(
                 front_model, point, real, cache_dir, seed=seed, threshold=threshold,
-                device=device, **tracing, **options,
+                min_null_ratio=min_ratio, device=device, **tracing, **options,
             )  # fmt: skip
         else:
             iris = generate_iris(
                 front_model, point, real, seed=seed, device=device, **tracing, **options
             )
-    if isinstance(iris, IRIResult):
-        quality = iris.quality(threshold)
-        iris = iris.iris
-    elif isinstance(iris, IRISet):
-        quality = iris.quality
-    else:
-        quality = None
+    quality = None
+    if isinstance(iris, (IRIResult, IRISet)):  # judged with this call's thresholds
+        quality = IRIQuality.of(
+            iris.rel_error, iris.pixel_rms, threshold, iris.null_error, min_ratio
+        )
+        if isinstance(iris, IRIResult):
+            iris = iris.iris
     if isinstance(iris, Tensor):
         if len(iris) != len(real):
             raise ValueError(

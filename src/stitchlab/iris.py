@@ -47,7 +47,12 @@ __all__ = [
     "dequantise",
 ]
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: per-sample null distances stored beside the errors
+
+
+#: IRIs must be at least this many times closer (median relative error at the point) to
+#: their sources' representations than another real image is, or the set is flagged.
+MIN_NULL_RATIO = 10.0
 
 
 class IRIError(RuntimeError):
@@ -56,18 +61,38 @@ class IRIError(RuntimeError):
 
 @dataclass(frozen=True)
 class IRIRecipe:
-    """How IRIs are optimised. Defaults: PROTOCOL section 3 (200 signed steps of 1/255
-    from uniform noise over the box, eval mode, no early stopping)."""
+    """How IRIs are optimised.
+
+    The defaults are stitchlab's recipe, chosen by the convergence study of
+    docs/validation/iri_convergence.md: 200 Adam steps whose size decays geometrically
+    from 0.05 to 0.002 (box units), from uniform noise over the box, the gradient passed
+    through a ReLU that ends the front (``relu_grad="straight_through"``), and a sample
+    stops once its relative error is below ``tolerance`` (0.01). :meth:`paper` is
+    PROTOCOL section 3 exactly (200 signed steps of 1/255, no early stop), also reachable
+    as ``preset="paper"`` wherever recipe options are given.
+
+    ``relu_grad="straight_through"`` backpropagates through a ReLU that ends the front
+    (a post-activation point) as if it were the identity, as model-metamer work does: a
+    unit that is dead in the IRI but alive in the source still gets a gradient. The
+    forward pass, and so every reported error, is the exact ReLU.
+    """
 
     steps: int = 200
-    step_size: float = 1 / 255
-    final_step_size: float | None = None  # geometric decay to this size (None: constant)
-    optimizer: Literal["sign", "adam", "l2"] = "sign"
+    step_size: float = 0.05
+    final_step_size: float | None = 0.002  # geometric decay to this size (None: constant)
+    optimizer: Literal["sign", "adam", "l2"] = "adam"
     start: Literal["noise", "image", "blur"] = "noise"  # image: another source image
-    tolerance: float | None = None  # a sample stops once its relative error is below
+    tolerance: float | None = 0.01  # a sample stops once its relative error is below
     box: tuple[float, float] = (0.0, 1.0)
     batch_size: int = 128
     amp: Literal["auto", "off", "bf16"] = "auto"  # bf16 autocast on CUDA when "auto"
+    relu_grad: Literal["exact", "straight_through"] = "straight_through"
+
+    @classmethod
+    def paper(cls, **overrides) -> IRIRecipe:
+        """PROTOCOL section 3: 200 signed steps of 1/255 from uniform noise, no early stop,
+        the exact ReLU gradient (for exact reproduction of the paper)."""
+        return cls.from_kwargs(preset="paper", **overrides)
 
     def validate(self) -> None:
         """Raise a ValueError naming the first bad field."""
@@ -88,6 +113,10 @@ class IRIRecipe:
             raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
         if self.amp not in ("auto", "off", "bf16"):
             raise ValueError(f"amp must be 'auto', 'off' or 'bf16', got {self.amp!r}")
+        if self.relu_grad not in ("exact", "straight_through"):
+            raise ValueError(
+                f"relu_grad must be 'exact' or 'straight_through', got {self.relu_grad!r}"
+            )
 
     def step_at(self, t: int) -> float:
         """The step size of step ``t`` (0-based)."""
@@ -98,7 +127,14 @@ class IRIRecipe:
 
     @classmethod
     def from_kwargs(cls, **kwargs) -> IRIRecipe:
-        """Build and validate; an unknown option is an error listing the valid ones."""
+        """Build and validate; an unknown option is an error listing the valid ones.
+
+        ``preset="paper"`` starts from :meth:`paper`'s settings, ``"default"`` (or none)
+        from stitchlab's; the other options override the preset's."""
+        preset = kwargs.pop("preset", "default")
+        if preset not in PRESETS:
+            raise ValueError(f"IRI preset must be one of {sorted(PRESETS)}, got {preset!r}")
+        kwargs = {**PRESETS[preset], **kwargs}
         check_options(cls, kwargs, "IRI")
         if "box" in kwargs:
             kwargs["box"] = tuple(float(v) for v in kwargs["box"])
@@ -113,6 +149,16 @@ class IRIRecipe:
         return d
 
 
+#: Named starting points for IRI recipes (see :class:`IRIRecipe`).
+PRESETS: dict[str, dict] = {
+    "default": {},
+    "paper": {
+        "steps": 200, "step_size": 1 / 255, "final_step_size": None, "optimizer": "sign",
+        "start": "noise", "tolerance": None, "relu_grad": "exact",
+    },
+}  # fmt: skip
+
+
 @dataclass
 class IRIQuality:
     """Summary of how well a set of IRIs converged."""
@@ -124,15 +170,52 @@ class IRIQuality:
     max_error: float
     median_pixel_rms: float  # RMS pixel distance between IRI and source, in box units
     threshold: float
+    # the null: relative distance at the point between the representations of two
+    # different real images of the same data (median), and how many times closer the
+    # IRIs must be to count as identically represented
+    null_median: float | None = None
+    min_null_ratio: float = MIN_NULL_RATIO
     flagged: bool = field(init=False)
+    why_flagged: str = field(init=False, default="")
 
     def __post_init__(self) -> None:
-        self.flagged = bool(self.median_error > self.threshold)
+        why = []
+        if not math.isfinite(self.median_error) or not math.isfinite(self.p90_error):
+            why.append("errors are not finite")
+        elif self.median_error > self.threshold:
+            why.append(f"median above the threshold {self.threshold:g}")
+        ratio = self.null_ratio
+        if ratio is not None and not ratio >= self.min_null_ratio:
+            why.append(
+                f"only {ratio:.1f}x closer than another image (at least "
+                f"{self.min_null_ratio:g}x required)"
+            )
+        self.why_flagged = "; ".join(why)
+        self.flagged = bool(why)
+
+    @property
+    def null_ratio(self) -> float | None:
+        """How many times closer an IRI is to its source's representation than another
+        real image is (null median / IRI median), or None without a null."""
+        if self.null_median is None or not math.isfinite(self.null_median):
+            return None
+        return self.null_median / max(self.median_error, 1e-12)
 
     @classmethod
-    def of(cls, rel_error: Tensor, pixel_rms: Tensor, threshold: float) -> IRIQuality:
-        """Summarise per-sample errors and distances."""
+    def of(
+        cls,
+        rel_error: Tensor,
+        pixel_rms: Tensor,
+        threshold: float,
+        null_error: Tensor | None = None,
+        min_null_ratio: float = MIN_NULL_RATIO,
+    ) -> IRIQuality:
+        """Summarise per-sample errors, distances and (optionally) null distances."""
         e = rel_error.double()
+        null = None
+        if null_error is not None:
+            finite = null_error.double()[torch.isfinite(null_error.double())]
+            null = float(finite.median()) if finite.numel() else None
         return cls(
             n=int(e.numel()),
             median_error=float(e.median()),
@@ -141,14 +224,22 @@ class IRIQuality:
             max_error=float(e.max()),
             median_pixel_rms=float(pixel_rms.double().median()),
             threshold=threshold,
+            null_median=null,
+            min_null_ratio=min_null_ratio,
         )
 
     def __str__(self) -> str:
-        flag = "  ** FLAGGED: median above threshold **" if self.flagged else ""
+        flag = f"  ** FLAGGED: {self.why_flagged} **" if self.flagged else ""
+        ratio = self.null_ratio
+        null = (
+            f", {ratio:.0f}x closer than another image (null {self.null_median:.3f})"
+            if ratio is not None
+            else ""
+        )
         return (
             f"IRIs: n={self.n}, relative error median {self.median_error:.3f} "
-            f"(mean {self.mean_error:.3f}, p90 {self.p90_error:.3f}, max {self.max_error:.3f}), "
-            f"pixel RMS distance to source {self.median_pixel_rms:.3f}{flag}"
+            f"(mean {self.mean_error:.3f}, p90 {self.p90_error:.3f}, max {self.max_error:.3f})"
+            f"{null}, pixel RMS distance to source {self.median_pixel_rms:.3f}{flag}"
         )
 
 
@@ -160,10 +251,11 @@ class IRIResult:
     rel_error: Tensor  # achieved relative error after quantisation
     rel_error_float: Tensor  # before quantisation
     pixel_rms: Tensor  # RMS pixel distance from the source image
+    null_error: Tensor | None = None  # relative distance of another real image (the null)
 
     def quality(self, threshold: float = 0.5) -> IRIQuality:
         """The quality summary of these IRIs."""
-        return IRIQuality.of(self.rel_error, self.pixel_rms, threshold)
+        return IRIQuality.of(self.rel_error, self.pixel_rms, threshold, self.null_error)
 
 
 def quantise(x: Tensor, box: tuple[float, float] = (0.0, 1.0)) -> Tensor:
@@ -178,13 +270,71 @@ def dequantise(q: Tensor, box: tuple[float, float] = (0.0, 1.0)) -> Tensor:
     return q.float() / 255 * (hi - lo) + lo
 
 
+class _StraightThroughReLU(torch.autograd.Function):
+    """ReLU forward, identity backward."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor) -> Tensor:  # noqa: D102
+        return x.clamp_min(0)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> Tensor:  # noqa: D102
+        return grad
+
+
+def straight_through_relu(x: Tensor) -> Tensor:
+    """``relu(x)`` whose gradient is passed through unchanged."""
+    return _StraightThroughReLU.apply(x)
+
+
+def _is_relu(node, root: nn.Module) -> bool:
+    if node.op == "call_module":
+        return isinstance(root.get_submodule(str(node.target)), nn.ReLU)
+    if node.op == "call_function":
+        return node.target in (torch.relu, torch.relu_, F.relu)
+    return node.op == "call_method" and node.target in ("relu", "relu_")
+
+
+def _straight_through_output(front: nn.Module) -> bool:
+    """Replace a ReLU that produces the front's output by :func:`straight_through_relu`;
+    True when there was one."""
+    import torch.fx as fx
+
+    graphs = [front] if isinstance(front, fx.GraphModule) else [
+        m for m in (getattr(front, "train_graph", None), getattr(front, "eval_graph", None))
+        if isinstance(m, fx.GraphModule)
+    ]  # fmt: skip
+    if isinstance(front, nn.Sequential) and isinstance(front[-1], nn.ReLU):
+        front[-1] = _STReLUModule()
+        return True
+    changed = False
+    for gm in graphs:
+        out = next(n for n in gm.graph.nodes if n.op == "output")
+        node = out.args[0]
+        if isinstance(node, fx.Node) and _is_relu(node, gm) and len(node.users) == 1:
+            with gm.graph.inserting_after(node):
+                new = gm.graph.call_function(straight_through_relu, (node.args[0],))
+            node.replace_all_uses_with(new)
+            gm.graph.erase_node(node)
+            gm.recompile()
+            changed = True
+    return changed
+
+
+class _STReLUModule(nn.Module):
+    def forward(self, x: Tensor) -> Tensor:  # noqa: D102
+        return straight_through_relu(x)
+
+
 def _frozen_front(
-    model: nn.Module, point: str, leaf_modules: tuple = (), output=None
+    model: nn.Module, point: str, leaf_modules: tuple = (), output=None, relu_grad="exact"
 ) -> nn.Module:
     front, _ = split(model, point, leaf_modules=leaf_modules, output=output)
     front = copy.deepcopy(front).eval()
     for p in front.parameters():
         p.requires_grad_(False)
+    if relu_grad == "straight_through":
+        _straight_through_output(front)
     return front
 
 
@@ -295,13 +445,18 @@ def _optimise(
 def _measure(
     front: nn.Module, x: Tensor, x_adv: Tensor, target: Tensor, box: tuple[float, float]
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """(quantised IRIs as uint8, error after quantisation, error before, pixel RMS)."""
+    """(quantised IRIs as uint8, error after quantisation, error before, pixel RMS, null:
+    the relative distance of the next image's representation in the batch)."""
     err_float = _per_sample_error(front(x_adv), target)
     q = quantise(x_adv, box)
     deq = dequantise(q, box).to(x_adv.device, x_adv.dtype)
     err_q = _per_sample_error(front(deq), target)
     rms = (deq - x).flatten(1).pow(2).mean(1).sqrt() / (box[1] - box[0])
-    return q, err_q, err_float, rms
+    if target.shape[0] >= 2:
+        null = _per_sample_error(target.roll(-1, dims=0), target)
+    else:
+        null = torch.full((target.shape[0],), float("nan"), device=target.device)
+    return q, err_q, err_float, rms, null
 
 
 def _batch_generator(seed: int, start_index: int) -> torch.Generator:
@@ -314,8 +469,8 @@ def generate_iris(
     model: nn.Module,
     point: str,
     images: Tensor | DataLike,
-    steps: int = 200,
-    step_size: float = 1 / 255,
+    steps: int | None = None,
+    step_size: float | None = None,
     seed: int = 0,
     *,
     device: str | torch.device | None = None,
@@ -329,8 +484,9 @@ def generate_iris(
         model: the front model (not modified; a frozen eval-mode copy of its prefix runs).
         point: the stitch point whose representation the IRIs must reproduce.
         images: a tensor ``(N, C, H, W)`` in the box, or data as for :func:`stitch`.
-        steps: number of optimisation steps (no early stop unless ``tolerance`` is set).
-        step_size: step size in box units (1/255 at 32x32 in the paper).
+        steps: number of optimisation steps (default: the recipe's, 200).
+        step_size: (initial) step size in box units (default 0.05 for Adam; the paper's
+            signed steps use 1/255 at 32x32: ``preset="paper"``).
         seed: seed of the noise start; the result is deterministic for a seed.
         device: where to run (default: the model's device).
         leaf_modules: module classes not to trace into (see :func:`stitchlab.split`).
@@ -342,9 +498,10 @@ def generate_iris(
         :class:`IRIResult` with IRIs quantised to uint8 levels (as stored) and, per IRI,
         the achieved relative error after quantisation and the pixel distance.
     """
-    rec = IRIRecipe.from_kwargs(steps=steps, step_size=step_size, **recipe)
+    given = {k: v for k, v in (("steps", steps), ("step_size", step_size)) if v is not None}
+    rec = IRIRecipe.from_kwargs(**given, **recipe)
     dev = torch.device(device) if device is not None else _module_device(model)
-    front = _frozen_front(model, point, leaf_modules, output).to(dev)
+    front = _frozen_front(model, point, leaf_modules, output, rec.relu_grad).to(dev)
     if isinstance(images, Tensor):
         _check_images(images, rec.box)
         sources = [images]
@@ -362,6 +519,7 @@ def generate_iris(
         rel_error=torch.cat([o[1] for o in out]),
         rel_error_float=torch.cat([o[2] for o in out]),
         pixel_rms=torch.cat([o[3] for o in out]),
+        null_error=torch.cat([o[4] for o in out]),
     )
 
 
@@ -381,8 +539,8 @@ def _check_images(images: Tensor, box: tuple[float, float]) -> None:
 def _run_batch(front, x, rec: IRIRecipe, seed: int, start: int):
     gen = _batch_generator(seed, start)
     x_adv, target = _optimise(front, x, rec, gen)
-    q, err_q, err_f, rms = _measure(front, x, x_adv, target, rec.box)
-    return q.cpu(), err_q.cpu(), err_f.cpu(), rms.cpu()
+    q, err_q, err_f, rms, null = _measure(front, x, x_adv, target, rec.box)
+    return q.cpu(), err_q.cpu(), err_f.cpu(), rms.cpu(), null.cpu()
 
 
 # ---------------------------------------------------------------------------
@@ -425,7 +583,9 @@ def _file_sha256(path: Path) -> str:
 class IRISet(Dataset):
     """A stored IRI set: ``(iri, source label)`` items read chunk by chunk from disk."""
 
-    def __init__(self, root: str | Path, threshold: float = 0.5) -> None:
+    def __init__(
+        self, root: str | Path, threshold: float = 0.5, min_null_ratio: float = MIN_NULL_RATIO
+    ) -> None:
         self.root = Path(root)
         meta_path = self.root / "meta.json"
         if not meta_path.exists():
@@ -444,7 +604,14 @@ class IRISet(Dataset):
         self.rel_error = torch.cat([s["rel_error"] for s in stats])
         self.pixel_rms = torch.cat([s["pixel_rms"] for s in stats])
         self.labels = torch.cat([s["labels"] for s in stats])
-        self.quality = IRIQuality.of(self.rel_error, self.pixel_rms, threshold)
+        self.null_error = (
+            torch.cat([s["null_error"] for s in stats])
+            if all("null_error" in s for s in stats)
+            else None
+        )
+        self.quality = IRIQuality.of(
+            self.rel_error, self.pixel_rms, threshold, self.null_error, min_null_ratio
+        )
 
     @property
     def num_chunks(self) -> int:
@@ -511,6 +678,7 @@ def generate_iris_set(
     seed: int = 0,
     chunk_size: int = 1024,
     threshold: float = 0.5,
+    min_null_ratio: float = MIN_NULL_RATIO,
     data_key: str | None = None,
     device: str | torch.device | None = None,
     progress: bool = False,
@@ -529,8 +697,10 @@ def generate_iris_set(
 
     ``on_chunk(i, num_chunks)`` is called after each finished chunk (progress, tests);
     ``leaf_modules`` and ``output`` say how to trace ``model`` (see :func:`stitchlab.split`).
-    Returns the :class:`IRISet`; a set whose median error exceeds ``threshold`` is flagged
-    (a warning here; :func:`stitchlab.stitch` refuses it unless told otherwise).
+    Returns the :class:`IRISet`; a set whose median error exceeds ``threshold``, or that is
+    less than ``min_null_ratio`` times closer to its sources' representations than another
+    real image is, is flagged (a warning here; :func:`stitchlab.stitch` refuses it unless
+    told otherwise).
     """
     from safetensors.torch import save_file
 
@@ -541,7 +711,7 @@ def generate_iris_set(
         )
     dataset, _ = as_dataset(data, "data")
     dev = torch.device(device) if device is not None else _module_device(model)
-    front = _frozen_front(model, point, leaf_modules, output)
+    front = _frozen_front(model, point, leaf_modules, output, rec.relu_grad)
     key_parts = {
         "format": FORMAT_VERSION,
         "front": model_fingerprint(front),
@@ -582,8 +752,8 @@ def generate_iris_set(
         parts = []
         offset = lo_i
         for x, y in batches(subset, rec.batch_size, dev):
-            q, err_q, err_f, rms = _run_batch(front, x, rec, seed, offset)
-            parts.append((q, y.cpu().long(), err_q, err_f, rms))
+            q, err_q, err_f, rms, null = _run_batch(front, x, rec, seed, offset)
+            parts.append((q, y.cpu().long(), err_q, err_f, rms, null))
             offset += x.shape[0]
         tensors = {
             "iris": torch.cat([p[0] for p in parts]).contiguous(),
@@ -591,6 +761,7 @@ def generate_iris_set(
             "rel_error": torch.cat([p[2] for p in parts]).float().contiguous(),
             "rel_error_float": torch.cat([p[3] for p in parts]).float().contiguous(),
             "pixel_rms": torch.cat([p[4] for p in parts]).float().contiguous(),
+            "null_error": torch.cat([p[5] for p in parts]).float().contiguous(),
         }
         tmp = path.with_suffix(".tmp")
         save_file(tensors, str(tmp))
@@ -605,7 +776,7 @@ def generate_iris_set(
         bar.close()
     meta["complete"] = True
     _atomic_write_json(meta_path, meta)
-    result = IRISet(root, threshold)
+    result = IRISet(root, threshold, min_null_ratio)
     if result.quality.flagged:
         warnings.warn(str(result.quality), stacklevel=2)
     return result

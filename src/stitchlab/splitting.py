@@ -447,6 +447,9 @@ def _sequential_points(model: nn.Sequential) -> list[str]:
     return [name for name, _ in model.named_children()][:-1]  # not after the last child
 
 
+_LAYER_TYPES = (*_FIRST_MODULES, nn.Linear, nn.LayerNorm)
+
+
 def _block_names(model: nn.Module) -> set[str]:
     """Modules that are blocks: in a list of two or more siblings of their class, and
     more than a plain chain of layers (ResNet ``layer1.0``, Swin ``features.1.0``, MaxViT
@@ -462,6 +465,7 @@ def _block_names(model: nn.Module) -> set[str]:
             chain = isinstance(c, (nn.Sequential, nn.ModuleList)) and not any(
                 any(True for _ in g.children()) for g in grandchildren
             )
+            chain = chain or isinstance(c, _LAYER_TYPES)  # timm's BatchNormAct2d, ...
             if counts[type(c)] >= 2 and grandchildren and not chain:
                 blocks.add(f"{parent_name}.{name}" if parent_name else name)
     return blocks
@@ -936,7 +940,15 @@ class TracedModel:
             with _modes(self.model, False):
                 gm = _graph_module(t, g, "Full")
                 prop = LayoutProp(gm, t.root, example.shape[0])
-                prop.run(example)
+                try:
+                    prop.run(example)
+                except Exception as exc:
+                    raise SplitError(
+                        f"{type(self.model).__name__} fails on an input of shape "
+                        f"{tuple(example.shape)} ({type(exc).__name__}: "
+                        f"{str(exc).splitlines()[0]}); give an input of the size it expects "
+                        "(stitchlab layers --input-size)"
+                    ) from exc
             values = {p: prop.values.get(val_map[t.points[p]]) for p in points}
             axes = {p: prop.axes.get(val_map[t.points[p]]) for p in points}
         out: dict[str, PointFormat] = {}

@@ -253,7 +253,9 @@ def _validate(raw: dict[str, Any]) -> Experiment:
 
     iris = dict(raw.get("iris", {}))
     try:
-        IRIRecipe.from_kwargs(**{k: v for k, v in iris.items() if k != "threshold"})
+        IRIRecipe.from_kwargs(
+            **{k: v for k, v in iris.items() if k not in ("threshold", "min_null_ratio")}
+        )
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"[iris]: {exc}") from exc
     raw["iris"] = iris

@@ -33,8 +33,8 @@ RESULT_COLUMNS = [
     "seed", "stitch_seed", "marker", "agreement", "agreement_normalized", "accuracy",
     "hard_agreement", "error_consistency", "reference_accuracy", "agreement_rolled",
     "excess_agreement", "init_residual", "iri_median_error", "iri_p90_error",
-    "iri_pixel_rms", "iri_flagged", "adversarial", "robust_agreement", "robust_accuracy",
-    "robust_samples", "cache_used", "seconds",
+    "iri_pixel_rms", "iri_null_median", "iri_null_ratio", "iri_flagged", "adversarial",
+    "robust_agreement", "robust_accuracy", "robust_samples", "cache_used", "seconds",
 ]  # fmt: skip
 
 
@@ -182,7 +182,7 @@ def _load_model(exp_raw: dict[str, Any], store: Path, name: str):
 
 def iris_job(job: dict[str, Any]) -> dict[str, Any]:
     """Generate (or reuse) the IRI set of one front at one point on one stitching set."""
-    from ..iris import generate_iris_set
+    from ..iris import MIN_NULL_RATIO, generate_iris_set
 
     exp_raw, store = job["exp"], Path(job["store"])
     torch.set_num_threads(exp_raw["run"]["threads"])
@@ -190,9 +190,11 @@ def iris_job(job: dict[str, Any]) -> dict[str, Any]:
     data = _stitch_data(exp_raw, job["marker"])
     opts = dict(exp_raw["iris"])
     threshold = float(opts.pop("threshold", 0.5))
+    min_ratio = float(opts.pop("min_null_ratio", MIN_NULL_RATIO))
     t0 = time.perf_counter()
     iri_set = generate_iris_set(
         front, job["point"], data, store / "iris", threshold=threshold,
+        min_null_ratio=min_ratio,
         data_key=stable_hash([exp_raw["data"], exp_raw["stitch"]["n_stitch"], job["marker"]]),
         **_tracing(exp_raw, job["front"]), **opts,
     )  # fmt: skip
@@ -200,7 +202,8 @@ def iris_job(job: dict[str, Any]) -> dict[str, Any]:
     return {
         "front": job["front"], "point": job["point"], "marker": job["marker"],
         "path": str(iri_set.root), "median_error": q.median_error, "p90_error": q.p90_error,
-        "pixel_rms": q.median_pixel_rms, "flagged": q.flagged,
+        "pixel_rms": q.median_pixel_rms, "null_median": q.null_median,
+        "null_ratio": q.null_ratio, "flagged": q.flagged,
         "seconds": time.perf_counter() - t0,
     }  # fmt: skip
 
@@ -277,6 +280,8 @@ def stitch_job(job: dict[str, Any]) -> dict[str, Any]:
         front, back, job["point"], stitch_data, objective=job["objective"],
         protocol=job["protocol"], iris=iris, iris_branches=st["iris_branches"],
         allow_flagged_iris=True, seed=job["stitch_seed"], init_samples=st["n_init"],
+        iris_options={k: exp_raw["iris"][k] for k in ("threshold", "min_null_ratio")
+                      if k in exp_raw["iris"]},
         device=exp_raw["run"]["device"], **_tracing(exp_raw, job["front"], job["back"]),
         **st["training"],
     )  # fmt: skip
@@ -299,7 +304,8 @@ def stitch_job(job: dict[str, Any]) -> dict[str, Any]:
     q = stitched.iri_quality
     if q is not None:
         row.update(iri_median_error=q.median_error, iri_p90_error=q.p90_error,
-                   iri_pixel_rms=q.median_pixel_rms, iri_flagged=q.flagged)  # fmt: skip
+                   iri_pixel_rms=q.median_pixel_rms, iri_null_median=q.null_median,
+                   iri_null_ratio=q.null_ratio, iri_flagged=q.flagged)  # fmt: skip
     row["seconds"] = time.perf_counter() - t0
     _atomic_json(path, row)
     row["_reused"] = False
@@ -319,7 +325,7 @@ def _pair_on_test(job: dict[str, Any]):
 def cka_job(job: dict[str, Any]) -> list[dict[str, Any]]:
     """Experiment D: linear CKA between front and back at one point, on the test data and
     on the front's IRIs of the test data (same IRI machinery and recipe)."""
-    from ..iris import generate_iris_set
+    from ..iris import MIN_NULL_RATIO, generate_iris_set
     from ..metrics import cka
     from ..splitting import split
 
@@ -329,8 +335,10 @@ def cka_job(job: dict[str, Any]) -> list[dict[str, Any]]:
     f_back, _ = split(back, job["point"], **_tracing(exp_raw, job["back"]))
     opts = dict(exp_raw["iris"])
     threshold = float(opts.pop("threshold", 0.5))
+    min_ratio = float(opts.pop("min_null_ratio", MIN_NULL_RATIO))
     iri_set = generate_iris_set(
         front, job["point"], test, store / "iris", threshold=threshold,
+        min_null_ratio=min_ratio,
         data_key=stable_hash(["test", exp_raw["data"], job["marker"]]),
         **_tracing(exp_raw, job["front"]), **opts,
     )  # fmt: skip

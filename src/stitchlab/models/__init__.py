@@ -87,6 +87,17 @@ def is_known(name: str) -> bool:
     return False
 
 
+def _torchvision_input_size(arch: str) -> tuple[int, int, int] | None:
+    try:
+        import torchvision
+
+        weights = list(torchvision.models.get_model_weights(arch))
+        size = weights[0].transforms().crop_size[0]
+        return 3, int(size), int(size)
+    except Exception:  # no weights listed for it: the caller chooses
+        return None
+
+
 def _create_from_library(name: str, num_classes: int, options: dict) -> nn.Module:
     lib, arch = name.split(":", 1)
     if not is_known(name):
@@ -117,6 +128,8 @@ def create(name: str, num_classes: int = 10, **options) -> nn.Module:
     """
     if name.startswith(_LIBRARIES):
         model = _create_from_library(name, num_classes, options)
+        if name.startswith("torchvision:"):  # the input its weights' transforms expect
+            model.stitchlab_input_size = _torchvision_input_size(name.split(":", 1)[1])
         model.stitchlab_name = name  # type: ignore[assignment]
         model.stitchlab_num_classes = num_classes  # type: ignore[assignment]
         model.stitchlab_options = dict(options)  # type: ignore[assignment]
@@ -255,6 +268,8 @@ def default_input_size(model: nn.Module) -> tuple[int, int, int] | None:
     """``(C, H, W)`` the model expects, when it says (timm's ``pretrained_cfg``, a
     torchvision ViT/Swin ``image_size``), else None."""
     img = (getattr(model, "stitchlab_options", None) or {}).get("img_size")
+    if isinstance(img, (tuple, list)) and len(img) == 2:
+        return 3, int(img[0]), int(img[1])
     if isinstance(img, int):  # built with img_size=
         return 3, img, img
     cfg = getattr(model, "pretrained_cfg", None) or getattr(model, "default_cfg", None)
@@ -267,7 +282,7 @@ def default_input_size(model: nn.Module) -> tuple[int, int, int] | None:
     size = getattr(model, "image_size", None)
     if isinstance(size, int):
         return 3, size, size
-    return None
+    return getattr(model, "stitchlab_input_size", None)
 
 
 def classifier_head(model: nn.Module) -> tuple[str, nn.Linear]:

@@ -244,7 +244,9 @@ def make_report(
             "iri-quality",
             "IRI convergence",
             "Relative representation error ||f(x') - f(x)|| / ||f(x)|| of the IRI sets per "
-            "front model and stitch point: median (solid) and 90th percentile (dashed).",
+            "front model and stitch point: median (solid) and 90th percentile (dashed); "
+            "dotted: the null, the median relative distance of another real image's "
+            "representation (an IRI is only identically represented far below it).",
             lambda: plot_iri_quality(quality),
         )
     else:
@@ -303,14 +305,21 @@ def make_report(
                 "iri_median_error": "median rel. error",
                 "iri_p90_error": "p90 rel. error",
                 "iri_pixel_rms": "pixel RMS",
+                "iri_null_median": "null (another image)",
+                "iri_null_ratio": "times closer than null",
                 "n_runs": "runs",
             }
         ).drop(columns="point_index")
-        for c in ("median rel. error", "p90 rel. error", "pixel RMS"):
+        if "times closer than null" in q:
+            q["times closer than null"] = [_html.fmt(v, 1) for v in q["times closer than null"]]
+        for c in ("median rel. error", "p90 rel. error", "null (another image)", "pixel RMS"):
             if c in q:
                 q[c] = [_html.fmt(v, 4) for v in q[c]]
         b.table("table-iri-quality", "IRI quality per front and point", q,
-                "Mean over the IRI-protocol runs that used each IRI set.")  # fmt: skip
+                "Mean over the IRI-protocol runs that used each IRI set. The null is the "
+                "median relative distance between the representations of two different "
+                "real images at the point; a set less than 10x closer than it is flagged."
+                )  # fmt: skip
     if data.pairs is not None:
         pairs = data.pairs.copy()
         for c in ("front_agreement", "front_accuracy", "back_accuracy"):

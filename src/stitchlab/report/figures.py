@@ -615,7 +615,8 @@ def plot_iri_examples(
 @_styled
 def plot_iri_quality(table: pd.DataFrame, *, title: str | None = None) -> Figure:
     """IRI convergence per front: median (solid) and 90th-percentile (dashed) relative error
-    of the IRI set against stitch point (``table`` from :func:`tables.iri_quality`)."""
+    of the IRI set against stitch point, and the null (dotted: another real image's
+    relative distance), from :func:`tables.iri_quality`; log scale when the null is drawn."""
     if "iri_median_error" not in table and "iri_p90_error" not in table:
         raise ValueError("the IRI quality table has no error columns")
     points = table.drop_duplicates("point_index").sort_values("point_index")
@@ -627,13 +628,17 @@ def plot_iri_quality(table: pd.DataFrame, *, title: str | None = None) -> Figure
     for n, front in enumerate(fronts):
         rows = table[table["front"] == front].sort_values("point_index")
         x = rows["point_index"].map(pos).to_numpy(float)
-        for col, ls, mfc in (("iri_median_error", "-", None), ("iri_p90_error", "--", "white")):
+        for col, ls, mfc in (("iri_median_error", "-", None), ("iri_p90_error", "--", "white"),
+                             ("iri_null_median", ":", "white")):  # fmt: skip
             if col in rows and rows[col].notna().any():
                 colour = palette(n % 10)
                 ax.plot(x, rows[col], ls=ls, marker="o", color=colour, mec=colour,
                         mfc=mfc or colour, clip_on=False)  # fmt: skip
     _point_axis(ax, points["point"].astype(str).tolist(), references=False)
-    ax.set_ylim(bottom=0)
+    if "iri_null_median" in table and table["iri_null_median"].notna().any():
+        ax.set_yscale("log")  # errors of 0.01 and a null of 1 on one axis
+    else:
+        ax.set_ylim(bottom=0)
     ax.set_ylabel("relative error of IRIs")
     ax.set_xlabel("stitch point")
     handles = [Line2D([], [], color=palette(n % 10), marker="o", label=f) for n, f in
@@ -642,6 +647,9 @@ def plot_iri_quality(table: pd.DataFrame, *, title: str | None = None) -> Figure
         Line2D([], [], color="0.3", ls="-", label="median"),
         Line2D([], [], color="0.3", ls="--", marker="o", mfc="white", label="90th percentile"),
     ]
+    if "iri_null_median" in table and table["iri_null_median"].notna().any():
+        handles.append(Line2D([], [], color="0.3", ls=":", marker="o", mfc="white",
+                              label="null: another image"))  # fmt: skip
     fig.legend(handles=handles, loc="outside right center", frameon=False)
     if title:
         fig.suptitle(title, fontweight="bold")

@@ -146,7 +146,12 @@ def layer_averages(results: pd.DataFrame, value: str = "agreement") -> pd.DataFr
 def iri_quality(results: pd.DataFrame) -> pd.DataFrame | None:
     """IRI quality per front and stitch point (mean over the IRI-protocol rows), or None
     when ``results`` records none."""
-    cols = [c for c in ("iri_median_error", "iri_p90_error", "iri_pixel_rms") if c in results]
+    cols = [
+        c
+        for c in ("iri_median_error", "iri_p90_error", "iri_null_median", "iri_null_ratio",
+                  "iri_pixel_rms")
+        if c in results
+    ]  # fmt: skip
     if not cols:
         return None
     d = results[results["protocol"] == "iris"]

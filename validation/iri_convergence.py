@@ -1,0 +1,176 @@
+"""IRI convergence study: relative error against steps and wall time, per recipe and point.
+
+For every front model of an experiment config (trained into its store beforehand, e.g. by
+``stitchlab run``), every stitch point of the config and every recipe below, IRIs of the
+first ``--n`` stitching images (with the pair's marker, as the protocol uses them) are
+generated with step budgets of ``--steps`` (each a full run with its own schedule, as a
+user would run it). Recorded per run: median and 90th-percentile relative error after
+uint8 quantisation, the null (median relative distance of another real image), the wall
+time, and, at post-ReLU points, the fraction of units alive in the source but dead in the
+IRI (what the straight-through gradient addresses).
+
+    python validation/iri_convergence.py CONFIG --store STORE --out DIR [--n 64]
+
+writes ``DIR/iri_convergence.csv``; ``--page PAGE`` also writes the markdown page with
+tables and a figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import subprocess
+import time
+from pathlib import Path
+
+import torch
+
+from stitchlab.experiments import load_config
+from stitchlab.experiments.runner import _load_model, _stitch_data
+from stitchlab.iris import generate_iris
+from stitchlab.splitting import TracedModel
+
+RECIPES = {
+    "paper: sign 1/255": {"preset": "paper"},
+    "sign 8/255->0.5/255": {"preset": "paper", "step_size": 8 / 255,
+                            "final_step_size": 0.5 / 255},
+    "adam 0.05->0.002": {"optimizer": "adam", "relu_grad": "exact", "tolerance": None},
+    "adam + ReLU straight-through": {"tolerance": None},
+    "l2 + ReLU straight-through": {"optimizer": "l2", "step_size": 0.01,
+                                   "final_step_size": 0.0005, "tolerance": None},
+    "default (adam + ST + tol 0.01)": {},
+    "default + image start": {"start": "image"},
+}  # fmt: skip
+
+
+def _dead_in_iri(front: torch.nn.Module, x: torch.Tensor, iris: torch.Tensor) -> float:
+    """Fraction of units active (> 0) in the source's activation that are 0 in the IRI's."""
+    with torch.no_grad():
+        a, b = front(x), front(iris)
+    alive = a > 0
+    return float(((b <= 0) & alive).sum() / alive.sum().clamp_min(1))
+
+
+def _ends_in_relu(model: torch.nn.Module, point: str) -> bool:
+    from stitchlab.iris import _is_relu
+
+    front, _ = TracedModel(model).split(point)
+    gm = getattr(front, "eval_graph", front)
+    out = next(n for n in gm.graph.nodes if n.op == "output").args[0]
+    return _is_relu(out, gm)
+
+
+def study(config: str, store: Path, n: int, steps: list[int], recipes: list[str]) -> list[dict]:
+    """One row per (front, point, recipe, step budget)."""
+    exp = load_config(config)
+    raw = exp.raw
+    fronts: dict[str, str | None] = {}
+    for spec in exp.pairs.values():
+        for front in spec["front"]:
+            fronts.setdefault(front, spec.get("marker"))
+    points = next(iter(exp.points.values()))
+    rows = []
+    for front_name, marker in fronts.items():
+        model = _load_model(raw, store, front_name)
+        data = _stitch_data(raw, marker)
+        x = torch.stack([data[i][0] for i in range(n)])
+        for point in points:
+            relu = _ends_in_relu(model, point)
+            front, _ = TracedModel(model).split(point)
+            for recipe in recipes:
+                for k in steps:
+                    t0 = time.perf_counter()
+                    res = generate_iris(model, point, x, steps=k, **RECIPES[recipe])
+                    seconds = time.perf_counter() - t0
+                    q = res.quality()
+                    rows.append({
+                        "front": front_name, "point": point, "ends_in_relu": relu,
+                        "recipe": recipe, "steps": k, "median_error": q.median_error,
+                        "p90_error": q.p90_error, "null_median": q.null_median,
+                        "null_ratio": q.null_ratio, "seconds": seconds,
+                        "dead_in_iri": _dead_in_iri(front, x, res.iris) if relu else None,
+                    })  # fmt: skip
+                    print(f"{front_name:10s} {point:10s} {recipe:34s} {k:4d} steps: median "
+                          f"{q.median_error:.4f} p90 {q.p90_error:.4f} ({q.null_ratio:.0f}x) "
+                          f"{seconds:.1f}s", flush=True)  # fmt: skip
+    return rows
+
+
+def write_csv(rows: list[dict], path: Path) -> None:
+    """The rows as CSV."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+
+
+def figure(rows: list[dict], path: Path, title: str) -> None:
+    """Median error against steps and against seconds, per recipe, one row per front."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fronts = list(dict.fromkeys(r["front"] for r in rows))
+    points = list(dict.fromkeys(r["point"] for r in rows))
+    recipes = list(dict.fromkeys(r["recipe"] for r in rows))
+    fig, axes = plt.subplots(len(fronts), len(points), figsize=(2.6 * len(points),
+                             2.3 * len(fronts)), squeeze=False, sharey=True)  # fmt: skip
+    colours = plt.get_cmap("tab10")
+    for i, front in enumerate(fronts):
+        for j, point in enumerate(points):
+            ax = axes[i][j]
+            null = None
+            for c, recipe in enumerate(recipes):
+                sel = [r for r in rows if (r["front"], r["point"], r["recipe"]) ==
+                       (front, point, recipe)]  # fmt: skip
+                if not sel:
+                    continue
+                ax.plot([r["seconds"] for r in sel], [r["median_error"] for r in sel],
+                        marker="o", ms=3, color=colours(c), label=recipe)  # fmt: skip
+                null = sel[0]["null_median"]
+            if null:
+                ax.axhline(null, color="0.5", ls=":", lw=1)
+            ax.set_xscale("log")
+            ax.set_yscale("log")
+            ax.set_title(f"{front} {point}", fontsize=8)
+            if j == 0:
+                ax.set_ylabel("median rel. error")
+            if i == len(fronts) - 1:
+                ax.set_xlabel("seconds (64 IRIs)")
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=4, fontsize=7, frameon=False)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout(rect=(0, 0.08, 1, 0.97))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    """Run the study and write the CSV (and optionally the figure)."""
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("config")
+    p.add_argument("--store", required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--n", type=int, default=64)
+    p.add_argument("--steps", default="50,100,200")
+    p.add_argument("--recipes", default=",".join(RECIPES))
+    p.add_argument("--figure", default=None, help="PNG path for the figure")
+    p.add_argument("--threads", type=int, default=2)
+    args = p.parse_args()
+    torch.set_num_threads(args.threads)
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True).stdout.strip()  # fmt: skip
+    print(f"commit {commit}; {args.config}; n={args.n}; steps {args.steps}", flush=True)
+    t0 = time.perf_counter()
+    rows = study(args.config, Path(args.store), args.n, [int(s) for s in args.steps.split(",")],
+                 [r for r in args.recipes.split(",") if r])  # fmt: skip
+    write_csv(rows, Path(args.out) / "iri_convergence.csv")
+    if args.figure:
+        figure(rows, Path(args.figure), f"IRI convergence: {Path(args.config).stem}")
+    print(f"done in {time.perf_counter() - t0:.0f} s", flush=True)
+
+
+if __name__ == "__main__":
+    main()
