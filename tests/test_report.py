@@ -86,7 +86,8 @@ def synthetic_run(
                         if optional and protocol == "iris":
                             e = 0.02 + 0.1 * depth + 0.01 * seed
                             row.update(iri_median_error=e, iri_p90_error=1.6 * e,
-                                       iri_pixel_rms=0.2)  # fmt: skip
+                                       iri_pixel_rms=0.2, iri_null_median=1.0,
+                                       iri_null_ratio=1.0 / e)  # fmt: skip
                         rows.append(row)
                         if optional and "robust" in pair and objective in ("slm", "fula"):
                             robust = a - 20 * depth - 10 * (protocol == "iris")
@@ -173,6 +174,7 @@ def test_make_report_writes_html_and_figures(full_report):
         assert pair in html
     assert f"{len(df)} stitch runs" in html
     assert "Layer-averaged agreement" in html and "IRI quality per front and point" in html
+    assert "times closer than null" in html and "null (another image)" in html
     assert "Pairs and the Front reference" in html
     assert "Layer-averaged robust agreement" in html and "excess agreement (pp)" in html
     assert "K = 10" in html  # inferred from agreement_normalized
