@@ -8,6 +8,9 @@ stitchlab: only the front prefix runs, the target f(x) is computed once per batc
 
 Limit: the prefix's own forward + backward (to the input) for the same batch and steps.
 
+Time to quality: stitchlab's default recipe (Adam, straight-through final ReLU, tolerance)
+against the paper's recipe on a trained small CNN: seconds and median error, same run.
+
     python benchmarks/iris.py [--width 16] [--batch 128] [--steps 20]
 """
 
@@ -79,10 +82,10 @@ def measure_iris(width: int = 16, batch: int = 128, steps: int = 20, ks=(1, 5, 9
     rows = []
     for k in ks:
         point = points[k - 1]
-        generate_iris(front, point, x[:8], steps=1)  # warm-up
+        generate_iris(front, point, x[:8], steps=1, preset="paper")  # warm-up
         base_s, base_iris = released_loop(front, back, point, x, steps, 1 / 255, 0)
-        t0 = time.perf_counter()
-        ours = generate_iris(front, point, x, steps=steps, batch_size=batch)
+        t0 = time.perf_counter()  # the released loop's recipe: signed steps of 1/255
+        ours = generate_iris(front, point, x, steps=steps, batch_size=batch, preset="paper")
         ours_s = time.perf_counter() - t0
         limit_s = prefix_limit(front, point, x, steps)
         diff = (dequantise(quantise(base_iris)) - ours.iris).abs()
@@ -93,6 +96,37 @@ def measure_iris(width: int = 16, batch: int = 128, steps: int = 20, ks=(1, 5, 9
             "stitchlab / limit": f"{ours_s / limit_s:.2f}x",
             "max IRI diff (pixels differing)": f"{float(diff.max()) * 255:.0f}/255 "
             f"({float((diff > 0).float().mean()) * 100:.3f}%)",
+        })  # fmt: skip
+    return rows
+
+
+def time_to_quality(n: int = 128, seed: int = 0) -> list[dict]:
+    """stitchlab's default recipe against the paper's (200 signed steps of 1/255) on a
+    trained small CNN (generated shapes, 3 epochs): seconds and median relative error per
+    point, and the time ratio, measured in the same run."""
+    from stitchlab.train import train_classifier
+
+    torch.manual_seed(seed)
+    x, y = shapes(2000, seed=seed)
+    model = models.create("small_cnn", width=16)
+    train_classifier(model, (x, y), epochs=3, seed=seed)
+    model.eval()
+    src = x[:n]
+    rows = []
+    for point in sl.stitch_points(model):
+        generate_iris(model, point, src[:8], steps=1)  # warm-up
+        t0 = time.perf_counter()
+        paper = generate_iris(model, point, src, preset="paper").quality()
+        t_paper = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        ours = generate_iris(model, point, src).quality()
+        t_ours = time.perf_counter() - t0
+        rows.append({
+            "point": point, "paper: median error": f"{paper.median_error:.4f}",
+            "paper: s": f"{t_paper:.1f}", "default: median error": f"{ours.median_error:.4f}",
+            "default: s": f"{t_ours:.1f}", "time default / paper": f"{t_ours / t_paper:.2f}x",
+            "error default / paper": f"{ours.median_error / paper.median_error:.3f}",
+            "null": f"{ours.null_median:.3f}",
         })  # fmt: skip
     return rows
 
@@ -112,6 +146,8 @@ def main() -> None:
         f"1/255, {args.threads} threads; throughput in images x steps / s"
     )
     print(markdown_table(measure_iris(args.width, args.batch, args.steps)))
+    print("\nTime to quality: default recipe against the paper's, trained small CNN, 128 IRIs")
+    print(markdown_table(time_to_quality()))
 
 
 if __name__ == "__main__":

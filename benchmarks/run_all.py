@@ -152,7 +152,8 @@ def _scale_one(what: str, opts: dict) -> dict:
 
         with tempfile.TemporaryDirectory() as tmp:
             generate_iris_set(front, point, (x, y), tmp, steps=opts["iri_steps"],
-                              step_size=8 / 255, threshold=10.0)  # fmt: skip
+                              step_size=8 / 255, threshold=10.0, preset="paper",
+                              min_null_ratio=0.0)  # fmt: skip
         extra = {"steps": opts["iri_steps"]}
     elif what == "train":
         from stitchlab.train import fast_recipe, train_model
