@@ -11,8 +11,8 @@ IRI (what the straight-through gradient addresses).
 
     python validation/iri_convergence.py CONFIG --store STORE --out DIR [--n 64]
 
-writes ``DIR/iri_convergence.csv``; ``--page PAGE`` also writes the markdown page with
-tables and a figure.
+writes ``DIR/iri_convergence.csv``; ``--tables CSV`` prints the markdown tables of the
+validation page from such a file (``--figure PNG`` draws its figure).
 """
 
 from __future__ import annotations
@@ -111,6 +111,7 @@ def figure(rows: list[dict], path: Path, title: str) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     fronts = list(dict.fromkeys(r["front"] for r in rows))
     points = list(dict.fromkeys(r["point"] for r in rows))
@@ -134,6 +135,9 @@ def figure(rows: list[dict], path: Path, title: str) -> None:
                 ax.axhline(null, color="0.5", ls=":", lw=1)
             ax.set_xscale("log")
             ax.set_yscale("log")
+            ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+            ax.xaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
+            ax.tick_params(labelsize=7)
             ax.set_title(f"{front} {point}", fontsize=8)
             if j == 0:
                 ax.set_ylabel("median rel. error")
@@ -147,18 +151,73 @@ def figure(rows: list[dict], path: Path, title: str) -> None:
     fig.savefig(path, dpi=110)
 
 
+def read_csv(path: Path) -> list[dict]:
+    """Rows of a CSV written by :func:`write_csv`, numbers as floats."""
+    rows = []
+    with path.open() as f:
+        for r in csv.DictReader(f):
+            for k in ("median_error", "p90_error", "null_median", "null_ratio", "seconds",
+                      "dead_in_iri"):  # fmt: skip
+                r[k] = float(r[k]) if r.get(k) not in (None, "") else None
+            r["steps"] = int(r["steps"])
+            rows.append(r)
+    return rows
+
+
+def tables(rows: list[dict]) -> str:
+    """Markdown: per front, median / p90 error and seconds of every recipe at its largest
+    budget per point, and the null; then the error of every budget for two recipes."""
+    from stitchlab.report import markdown_table
+
+    out = []
+    top = max(r["steps"] for r in rows)
+    for front in dict.fromkeys(r["front"] for r in rows):
+        sel = [r for r in rows if r["front"] == front and r["steps"] == top]
+        points = list(dict.fromkeys(r["point"] for r in sel))
+        table = []
+        for recipe in dict.fromkeys(r["recipe"] for r in sel):
+            row = {"recipe": recipe}
+            for point in points:
+                (r,) = [r for r in sel if (r["recipe"], r["point"]) == (recipe, point)]
+                row[point] = (
+                    f"{r['median_error']:.3f} / {r['p90_error']:.3f} ({r['seconds']:.1f} s)"
+                )
+            table.append(row)
+        nulls = {"recipe": "null: another image"}
+        for point in points:
+            nulls[point] = f"{[r for r in sel if r['point'] == point][0]['null_median']:.3f}"
+        table.append(nulls)
+        dead = {"recipe": "alive in source, dead in IRI (exact / straight-through)"}
+        for point in points:
+            d = {r["recipe"]: r["dead_in_iri"] for r in sel if r["point"] == point}
+            a, b = d.get("adam 0.05->0.002"), d.get("adam + ReLU straight-through")
+            dead[point] = f"{a:.1%} / {b:.1%}" if a is not None and b is not None else "-"
+        table.append(dead)
+        out.append(f"**{front}**, {top} steps: median / p90 relative error (seconds)\n")
+        out.append(markdown_table(table))
+        out.append("")
+    return "\n".join(out)
+
+
 def main() -> None:
     """Run the study and write the CSV (and optionally the figure)."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("config")
-    p.add_argument("--store", required=True)
-    p.add_argument("--out", required=True)
+    p.add_argument("config", nargs="?")
+    p.add_argument("--store")
+    p.add_argument("--out")
+    p.add_argument("--tables", default=None, help="print the page's tables from this CSV")
     p.add_argument("--n", type=int, default=64)
     p.add_argument("--steps", default="50,100,200")
     p.add_argument("--recipes", default=",".join(RECIPES))
     p.add_argument("--figure", default=None, help="PNG path for the figure")
     p.add_argument("--threads", type=int, default=2)
     args = p.parse_args()
+    if args.tables:
+        rows = read_csv(Path(args.tables))
+        print(tables(rows))
+        if args.figure:
+            figure(rows, Path(args.figure), "IRI convergence")
+        return
     torch.set_num_threads(args.threads)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True).stdout.strip()  # fmt: skip
