@@ -80,11 +80,12 @@ def _run(raw, store, pair, point, objective, recipe, n_iris, epochs, lr):
 def main() -> None:
     """Run the grid and write the CSV (and figure)."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("config")
-    p.add_argument("--store", required=True)
-    p.add_argument("--out", required=True)
+    p.add_argument("config", nargs="?")
+    p.add_argument("--store")
+    p.add_argument("--out")
+    p.add_argument("--plot", default=None, help="only draw --figure from this CSV")
     p.add_argument("--pairs", default="cross-seed,cross-bias")
-    p.add_argument("--points", required=True)
+    p.add_argument("--points", default="")
     p.add_argument("--objectives", default="slm,fula,dm")
     p.add_argument("--n-iris", default="", help="more IRIs with the default recipe, e.g. 4000")
     p.add_argument("--epochs", default="", help="more stitch epochs, e.g. 30")
@@ -92,6 +93,17 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--figure", default=None)
     args = p.parse_args()
+    if args.plot:
+        with open(args.plot) as f:
+            rows = list(csv.DictReader(f))
+        for r in rows:
+            for k in ("agreement", "iri_median_error"):
+                r[k] = float(r[k])
+            r["n_iris"], r["epochs"] = int(r["n_iris"]), int(r["epochs"])
+        n0 = min(r["n_iris"] for r in rows)
+        e0 = min(r["epochs"] for r in rows)
+        _figure(rows, Path(args.figure), n0, e0)
+        return
     torch.set_num_threads(args.threads)
     raw = load_config(args.config).raw
     store = Path(args.store)
@@ -129,6 +141,7 @@ def _figure(rows, path: Path, n0: int, e0: int) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     points = list(dict.fromkeys(r["point"] for r in rows))
     objectives = list(dict.fromkeys(r["objective"] for r in rows))
@@ -143,6 +156,9 @@ def _figure(rows, path: Path, n0: int, e0: int) -> None:
             ax.scatter(r["iri_median_error"], r["agreement"], color=colours.get(r["pair"], "k"),
                        marker=markers[r["objective"]], s=22)  # fmt: skip
         ax.set_xscale("log")
+        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+        ax.set_xticks([0.05, 0.1, 0.2, 0.5])
+        ax.xaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
         ax.invert_xaxis()
         ax.set_xlabel("median relative error of the IRIs")
         ax.set_title(point, fontsize=9)
