@@ -251,8 +251,9 @@ def test_twin_test_catches_a_wrong_layout():
 def test_layers_command_shows_channels_last(capsys):
     from stitchlab.cli import main
 
-    assert main(["layers", "torchvision:swin_t", "--input-size", "64"]) == 0
+    assert main(["layers", "swin_t", "--input-size", "64"]) == 0  # torchvision's, named
     out = capsys.readouterr().out
+    assert out.startswith("torchvision:swin_t: ")
     assert "features.1.0" in out and "NHWC 16x16x96 (96 channels)" in out
     assert main(["layers", "timm:swin_tiny_patch4_window7_224", "--input-size", "224"]) == 0
     out = capsys.readouterr().out

@@ -74,8 +74,13 @@ def _cmd_layers(args: argparse.Namespace) -> int:
         model = models.load(args.model)
         name = args.model
     else:
-        model = models.create(args.model, num_classes=args.num_classes, **_model_options(args))
         name = args.model
+        if not models.is_known(name):  # a bare torchvision or timm name: say which one
+            for lib in ("torchvision:", "timm:"):
+                if models.is_known(lib + name):
+                    name = lib + name
+                    break
+        model = models.create(name, num_classes=args.num_classes, **_model_options(args))
     model.eval()
     c, h, w = models.default_input_size(model) or (3, 0, 0)
     if args.input_size:

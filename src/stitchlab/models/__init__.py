@@ -137,7 +137,10 @@ def create(name: str, num_classes: int = 10, **options) -> nn.Module:
     if name not in _REGISTRY:
         close = difflib.get_close_matches(name, list(_REGISTRY), n=1)
         hint = f" Did you mean {close[0]!r}?" if close else ""
-        raise KeyError(f"Unknown model {name!r}.{hint} Available: {', '.join(list_models())}")
+        raise KeyError(
+            f"Unknown model {name!r}.{hint} Available: {', '.join(list_models())}, or "
+            "torchvision:NAME / timm:NAME for an architecture of those libraries."
+        )
     try:
         model = _REGISTRY[name](num_classes=num_classes, **options)
     except TypeError as exc:
