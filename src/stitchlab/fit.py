@@ -475,8 +475,12 @@ def stitch(
     torch.manual_seed(cfg.seed)
     # the activation formats, from a batch of 3 (an odd size tells the batch axis apart)
     x0 = torch.stack([dataset[i % len(dataset)][0] for i in range(3)]).to(device)
-    src = traced_front.formats(x0, [point], layouts=layouts)[point].require()
-    dst = traced_back.formats(x0, [back_point], layouts=layouts)[back_point].require()
+    if traced_back is traced_front:  # one pass of the model gives both formats
+        both = traced_front.formats(x0, list(dict.fromkeys([point, back_point])), layouts=layouts)
+        src, dst = both[point].require(), both[back_point].require()
+    else:
+        src = traced_front.formats(x0, [point], layouts=layouts)[point].require()
+        dst = traced_back.formats(x0, [back_point], layouts=layouts)[back_point].require()
     x0 = x0[: min(2, len(dataset))]
     with torch.no_grad():
         a0 = front(x0)

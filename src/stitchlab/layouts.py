@@ -181,10 +181,12 @@ class LayoutProp(fx.Interpreter):
             m = self.root.get_submodule(str(n.target))
             if isinstance(m, _FIRST_MODULES):
                 return (ax[0], 1)
-            if isinstance(m, (nn.Linear, nn.Embedding)) or (
+            if isinstance(m, nn.Embedding):  # indices in, (batch, ..., D) out
+                return (0, out.dim() - 1)
+            if isinstance(m, nn.Linear) or (
                 isinstance(m, nn.LayerNorm) and len(m.normalized_shape) == 1
             ):
-                return (ax[0] if isinstance(m, nn.Linear | nn.LayerNorm) else 0, out.dim() - 1)
+                return (ax[0], out.dim() - 1)
             if isinstance(m, nn.Flatten) and isinstance(x, Tensor):
                 return self._reshaped(_map_reshape(ax, tuple(x.shape), tuple(out.shape)), out)
             return ax if isinstance(x, Tensor) and x.shape == out.shape else _UNKNOWN

@@ -149,6 +149,7 @@ class _Traced:
     order: list[str] = field(default_factory=list)  # one name per node, execution order
     rejected: dict[str, str] = field(default_factory=dict)  # name -> why it is no point
     constants: dict[str, object] = field(default_factory=dict)  # tracer-made attributes
+    position: dict[fx.Node, int] = field(default_factory=dict)  # node -> execution order
 
 
 _HEAD_NAMES = ("head", "heads", "classifier", "fc")
@@ -298,11 +299,9 @@ def _preserved_state(model: nn.Module) -> Iterator[None]:
                     m.__dict__[k] = v
             for k, old in contents.items():
                 cur = attrs[k]
-                if cur != old if type(cur) is not dict else _dict_changed(cur, old):
+                if _changed(cur, old):
                     cur.clear()
-                    if isinstance(cur, dict):
-                        cur.update(old)
-                    elif isinstance(cur, list):
+                    if isinstance(cur, list):
                         cur.extend(old)
                     else:
                         cur.update(old)
@@ -311,8 +310,14 @@ def _preserved_state(model: nn.Module) -> Iterator[None]:
 _MISSING = object()
 
 
-def _dict_changed(cur: dict, old: dict) -> bool:
-    return cur.keys() != old.keys() or any(cur[k] is not old[k] for k in old)
+def _changed(cur, old) -> bool:
+    """Whether a dict, list or set differs from its snapshot, by identity of its items
+    (``==`` on tensors inside would be ambiguous)."""
+    if isinstance(cur, dict):
+        return cur.keys() != old.keys() or any(cur[k] is not old[k] for k in old)
+    if isinstance(cur, list):
+        return len(cur) != len(old) or any(a is not b for a, b in zip(cur, old))
+    return cur != old
 
 
 @contextlib.contextmanager
@@ -362,7 +367,7 @@ def _trace(
         root=model, graph=graph, input=placeholders[0], output=out_node, logits=logits
     )
     t.constants = {k: v for k, v in constants.items() if not _has_attr(model, k)}
-    position = {n: i for i, n in enumerate(graph.nodes)}
+    position = t.position = {n: i for i, n in enumerate(graph.nodes)}
     named: list[tuple[int, str, fx.Node]] = []
     for name, outs in tracer.module_outputs.items():
         if len(outs) != 1:
@@ -851,7 +856,7 @@ class TracedModel:
 
     def _later(self, point: str, taps) -> list[str]:
         if taps == "later":  # the listed points after this one (by graph position)
-            pos = {n: i for i, n in enumerate(self._eval.graph.nodes)}
+            pos = self._eval.position
             here = pos[self._eval.points[point]]
             return [
                 p for p in self.points() if p in self._eval.points
@@ -873,7 +878,7 @@ class TracedModel:
         tap_names = self._later(point, taps)
         for name in tap_names:
             self._check_point(name)
-        pos = {n: i for i, n in enumerate(self._eval.graph.nodes)}
+        pos = self._eval.position
         for name in tap_names:
             if pos[self._eval.points[name]] <= pos[self._eval.points[point]]:
                 raise SplitError(f"Tap {name!r} is not after the stitch point {point!r}.")
