@@ -248,7 +248,7 @@ def test_bad_input_gets_clear_errors(images):
         sl.stitch(model, model, "blocks.1", (x, y), epoch=3)
     with pytest.raises(ValueError, match="Unknown objective"):
         sl.stitch(model, model, "blocks.1", (x, y), objective="kl")
-    with pytest.raises(ValueError, match="floating point"):
+    with pytest.raises(ValueError, match="must be float32"):
         sl.stitch(model, model, "blocks.1", ((x * 255).byte(), y))
     with pytest.raises(sl.SplitError, match="Valid points"):
         sl.stitch(model, model, "block.1", (x, y))

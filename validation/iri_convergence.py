@@ -25,8 +25,9 @@ from pathlib import Path
 
 import torch
 
-from stitchlab.experiments import load_config
-from stitchlab.experiments.runner import _load_model, _stitch_data
+from stitchlab.experiments import load_config, with_fingerprints
+from stitchlab.experiments.datasets import stitch_data
+from stitchlab.experiments.jobs import load_model
 from stitchlab.iris import generate_iris
 from stitchlab.splitting import TracedModel
 
@@ -63,7 +64,7 @@ def _ends_in_relu(model: torch.nn.Module, point: str) -> bool:
 def study(config: str, store: Path, n: int, steps: list[int], recipes: list[str]) -> list[dict]:
     """One row per (front, point, recipe, step budget)."""
     exp = load_config(config)
-    raw = exp.raw
+    raw = with_fingerprints(exp.raw)
     fronts: dict[str, str | None] = {}
     for spec in exp.pairs.values():
         for front in spec["front"]:
@@ -71,8 +72,8 @@ def study(config: str, store: Path, n: int, steps: list[int], recipes: list[str]
     points = next(iter(exp.points.values()))
     rows = []
     for front_name, marker in fronts.items():
-        model = _load_model(raw, store, front_name)
-        data = _stitch_data(raw, marker)
+        model = load_model(raw, store, front_name)
+        data = stitch_data(raw, marker)
         x = torch.stack([data[i][0] for i in range(n)])
         for point in points:
             relu = _ends_in_relu(model, point)

@@ -26,14 +26,9 @@ from pathlib import Path
 import torch
 
 from stitchlab import evaluate, stitch
-from stitchlab.experiments import load_config
-from stitchlab.experiments.runner import (
-    _base_data,
-    _load_model,
-    _marked,
-    _reference_logits,
-    _stitch_data,
-)
+from stitchlab.experiments import load_config, with_fingerprints
+from stitchlab.experiments.datasets import marked, stitch_data, test_data
+from stitchlab.experiments.jobs import load_model, reference_logits
 from stitchlab.iris import generate_iris_set
 
 LEVELS = {  # from rough to converged
@@ -51,9 +46,9 @@ def _run(raw, store, pair, point, objective, recipe, n_iris, epochs, lr):
     front_name, back_name, marker = spec["front"][0], spec["back"], spec["marker"]
     exp = copy.deepcopy(raw)
     exp["stitch"]["n_stitch"] = n_iris
-    data = _stitch_data(exp, marker)
-    front = _load_model(raw, store, front_name)
-    back = _load_model(raw, store, back_name)
+    data = stitch_data(exp, marker)
+    front = load_model(raw, store, front_name)
+    back = load_model(raw, store, back_name)
     t0 = time.perf_counter()
     iris = generate_iris_set(front, point, data, store / "iris", min_null_ratio=0.0,
                              threshold=10.0, **LEVELS[recipe])  # fmt: skip
@@ -64,9 +59,8 @@ def _run(raw, store, pair, point, objective, recipe, n_iris, epochs, lr):
     s = stitch(front, back, point, data, objective=objective, protocol="iris", iris=iris,
                allow_flagged_iris=True, init_samples=raw["stitch"]["n_init"],
                **training)  # fmt: skip
-    _, test = _base_data(raw["data"])
-    test = _marked(test, marker, raw["data"])
-    ref = _reference_logits(raw, store, back_name, marker)
+    test = marked(test_data(raw), marker, raw["data"])
+    ref = reference_logits(raw, store, back_name, marker)
     scores = evaluate(s, test, ref)
     q = iris.quality
     return {
@@ -105,7 +99,7 @@ def main() -> None:
         _figure(rows, Path(args.figure), n0, e0)
         return
     torch.set_num_threads(args.threads)
-    raw = load_config(args.config).raw
+    raw = with_fingerprints(load_config(args.config).raw)
     store = Path(args.store)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True).stdout.strip()  # fmt: skip

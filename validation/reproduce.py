@@ -234,10 +234,12 @@ def _md(df: pd.DataFrame) -> str:
 
 
 def _models_table(exp_raw: dict, store: Path) -> pd.DataFrame:
-    from stitchlab.experiments.runner import model_key
+    from stitchlab.experiments import with_fingerprints
+    from stitchlab.experiments.jobs import model_key
     from stitchlab.models import describe
 
     rows = []
+    exp_raw = with_fingerprints(exp_raw)
     for name in exp_raw["models"]:
         path = store / "models" / model_key(exp_raw, name) / "model.safetensors"
         if not path.exists():

@@ -13,6 +13,7 @@ The public API::
     agreement(logits_a, logits_b)       -> agreement probability in percent
 """
 
+from ._data import DataError
 from .fit import StitchedModel, TrainingConfig, evaluate, stitch
 from .iris import IRIRecipe, IRISet, generate_iris, generate_iris_set
 from .layers import ActivationSpec, StitchLayer, StitchShapeError
@@ -71,4 +72,5 @@ __all__ = [
     "FuLA",
     "SplitError",
     "StitchShapeError",
+    "DataError",
 ]

@@ -14,11 +14,53 @@ __all__ = [
     "loader",
     "predict",
     "DataLike",
+    "DataError",
+    "check_images",
+    "check_labels",
     "PairedImages",
     "triples",
 ]
 
 DataLike = Dataset | DataLoader | tuple[Tensor, Tensor] | list
+
+
+class DataError(ValueError):
+    """Data that stitchlab cannot use correctly (NaN pixels, bad labels, wrong dtype)."""
+
+
+def check_images(x: Tensor, what: str = "data", offset: int = 0) -> None:
+    """Refuse a batch of images that is not float32 or has a NaN or infinite pixel."""
+    if x.dtype != torch.float32:
+        hint = (
+            "Convert uint8 images with images.float() / 255."
+            if not x.is_floating_point()
+            else "Convert them with images.float() (models run in float32; use a "
+            "recipe's amp option for mixed precision)."
+        )
+        raise DataError(f"{what}: images must be float32, got {x.dtype}. {hint}")
+    finite = torch.isfinite(x.reshape(len(x), -1)).all(dim=1) if x.dim() else torch.isfinite(x)
+    if not bool(finite.all()):
+        bad = (~finite).nonzero().flatten()[:5].tolist()
+        raise DataError(
+            f"{what}: image(s) {[offset + i for i in bad]} contain NaN or infinite values; "
+            "remove or repair them (stitchlab never trains or scores on them)."
+        )
+
+
+def check_labels(y: Tensor, what: str = "data", num_classes: int | None = None) -> None:
+    """Refuse labels that are not integers >= 0 (and < ``num_classes`` when given)."""
+    if y.is_floating_point() or y.dtype == torch.bool or y.is_complex():
+        raise DataError(
+            f"{what}: labels must be integers (class indices), got {y.dtype}; float labels "
+            "would be truncated. Convert them with labels.long() if they are whole numbers."
+        )
+    if y.numel() and int(y.min()) < 0:
+        raise DataError(f"{what}: labels must be >= 0, found {int(y.min())}.")
+    if num_classes is not None and y.numel() and int(y.max()) >= num_classes:
+        raise DataError(
+            f"{what}: label {int(y.max())} is outside 0..{num_classes - 1}, the classes of "
+            f"the model's {num_classes} outputs; check the labels or the model's num_classes."
+        )
 
 
 def as_dataset(data: DataLike, what: str = "data") -> tuple[Dataset, int | None]:
@@ -38,11 +80,8 @@ def as_dataset(data: DataLike, what: str = "data") -> tuple[Dataset, int | None]
                 f"{what}: expected (images (N, ...), labels (N,)), got shapes "
                 f"{tuple(images.shape)} and {tuple(labels.shape)}."
             )
-        if not images.is_floating_point():
-            raise ValueError(
-                f"{what}: images must be floating point (e.g. in [0, 1]); got {images.dtype}. "
-                "Convert uint8 images with images.float() / 255."
-            )
+        check_images(images, what)
+        check_labels(labels, what)
         data = TensorDataset(images, labels.long())
     if not isinstance(data, Dataset):
         raise TypeError(
@@ -60,6 +99,8 @@ def as_dataset(data: DataLike, what: str = "data") -> tuple[Dataset, int | None]
         raise ValueError(
             f"{what}: each item must be an (image tensor, label) pair; got {type(first).__name__}."
         )
+    check_images(first[0][None], what)
+    check_labels(torch.as_tensor(first[1]), what)
     return data, batch_size
 
 
@@ -83,8 +124,9 @@ def loader(
     seed: int = 0,
     num_workers: int = 0,
 ) -> DataLoader:
-    """A DataLoader with a seeded shuffle."""
-    gen = torch.Generator().manual_seed(seed) if shuffle else None
+    """A DataLoader with a seeded shuffle. It always has its own generator: a DataLoader
+    without one draws its workers' base seed from the global RNG on every pass."""
+    gen = torch.Generator().manual_seed(seed)
     return DataLoader(
         dataset,
         batch_size=batch_size,
@@ -97,9 +139,15 @@ def loader(
 def batches(
     dataset: Dataset, batch_size: int, device: torch.device, num_workers: int = 0
 ) -> Iterator[tuple[Tensor, Tensor]]:
-    """Ordered ``(images, labels)`` batches on ``device``."""
+    """Ordered ``(images, labels)`` batches on ``device``, each checked (float32, finite
+    pixels, integer labels >= 0)."""
+    offset = 0
     for x, y, *_ in loader(dataset, batch_size, num_workers=num_workers):
-        yield x.to(device, non_blocking=True), torch.as_tensor(y).to(device)
+        y = torch.as_tensor(y)
+        check_images(x, "data", offset)
+        check_labels(y, "data")
+        offset += len(x)
+        yield x.to(device, non_blocking=True), y.to(device)
 
 
 class PairedImages(Dataset):
@@ -131,7 +179,12 @@ def triples(
 
 
 def _triple(item, device: torch.device) -> tuple[Tensor, Tensor, Tensor]:
-    x, y = item[0].to(device, non_blocking=True), torch.as_tensor(item[1]).to(device)
+    y = torch.as_tensor(item[1])
+    check_images(item[0])
+    check_labels(y)
+    x, y = item[0].to(device, non_blocking=True), y.to(device)
+    if len(item) > 2:
+        check_images(item[2], "target images")
     xt = item[2].to(device, non_blocking=True) if len(item) > 2 else x
     return x, y, xt
 

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import torch
 
+from .vocabulary import OBJECTIVES
+
 __all__ = ["main"]
 
 EXAMPLES = {
@@ -23,8 +25,9 @@ EXAMPLES = {
     "report": "stitchlab report runs/a",
     "stitch": "stitchlab stitch runs/a/store/models/seed1-*/model.safetensors "
     "runs/a/store/models/back-*/model.safetensors blocks.2 --protocol iris",
-    "iris": "stitchlab iris small_cnn blocks.1 --cache /tmp/iris\n  "
-    "stitchlab iris small_cnn blocks.1 --cache /tmp/iris --preset paper",
+    "iris": "stitchlab iris /tmp/m/model.safetensors blocks.1 --cache /tmp/iris\n  "
+    "stitchlab iris /tmp/m/model.safetensors blocks.1 --cache /tmp/iris --preset paper\n  "
+    "stitchlab iris small_cnn blocks.1 --cache /tmp/iris --random-init",
     "train": "stitchlab train --model small_cnn --data shapes --recipe fast --out /tmp/m",
 }
 
@@ -127,7 +130,7 @@ def _print_finding(table: Path) -> None:
         )
     print("layer-averaged agreement (%)   standard   iris")
     for pair in dict.fromkeys(r["pair"] for r in rows):
-        for obj in ("hlm", "slm", "dm", "fula"):
+        for obj in OBJECTIVES:
             std = cells.get((pair, obj, "standard"))
             iri = cells.get((pair, obj, "iris"))
             if std is None and iri is None:
@@ -148,11 +151,14 @@ def _report(out: str, quiet: bool = False) -> None:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from .experiments import LocalExecutor, RayExecutor, load_config, run_experiment
+    from .experiments import LocalExecutor, RayExecutor, load_config, preflight, run_experiment
 
     exp = load_config(args.config)  # checked completely before anything runs
+    preflight(exp)  # data folders, variables, device: what the run would check first
     if args.check:
-        print(f"{args.config}: valid ({len(exp.pairs)} pairs, {len(exp.models)} models)")
+        n_points = sum(len(p) for p in exp.points.values())
+        print(f"{args.config}: valid ({len(exp.pairs)} pairs, {len(exp.models)} models, "
+              f"{n_points} pair-points; data and device present)")  # fmt: skip
         return 0
     executor = (
         RayExecutor(args.ray_address, cpus_per_job=exp.run["threads"])
@@ -174,11 +180,20 @@ def _cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
-def _load_model_arg(spec: str):
+def _load_model_arg(spec: str, random_init: bool = False):
+    """A checkpoint, or (only with ``--random-init``) a freshly initialised model."""
     from . import models
 
     if Path(spec).exists():
         return models.load(spec)
+    if not models.is_known(spec):
+        raise ValueError(f"{spec!r} is neither a checkpoint file nor a known model name.")
+    if not random_init:
+        raise ValueError(
+            f"{spec!r} is a model name, not a checkpoint: it would be an untrained, randomly "
+            "initialised network. Pass a checkpoint file (stitchlab train writes one), or "
+            "--random-init to study random networks on purpose."
+        )
     return models.create(spec)
 
 
@@ -199,7 +214,8 @@ def _data_arg(args: argparse.Namespace):
 def _cmd_stitch(args: argparse.Namespace) -> int:
     from . import evaluate, stitch
 
-    front, back = _load_model_arg(args.front), _load_model_arg(args.back)
+    front = _load_model_arg(args.front, args.random_init)
+    back = _load_model_arg(args.back, args.random_init)
     train, test = _data_arg(args)
     s = stitch(front, back, args.point, train, objective=args.objective,
                back_point=args.back_point, protocol=args.protocol, epochs=args.epochs,
@@ -218,7 +234,7 @@ def _cmd_stitch(args: argparse.Namespace) -> int:
 def _cmd_iris(args: argparse.Namespace) -> int:
     from .iris import generate_iris_set
 
-    model = _load_model_arg(args.model)
+    model = _load_model_arg(args.model, args.random_init)
     train, _ = _data_arg(args)
     options = {"preset": args.preset}
     for key in ("steps", "step_size", "final_step_size", "optimizer", "tolerance"):
@@ -237,6 +253,11 @@ def _cmd_train(args: argparse.Namespace) -> int:
     from .train.command import run_train_command
 
     return run_train_command(args)
+
+
+def _add_random_init(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--random-init", action="store_true",
+                   help="allow a model name without weights (a random network)")  # fmt: skip
 
 
 def _add_tracing_arguments(p: argparse.ArgumentParser) -> None:
@@ -310,7 +331,7 @@ def _parser() -> argparse.ArgumentParser:
     st.add_argument("back", help="checkpoint path, registered name, torchvision:NAME or timm:NAME")
     st.add_argument("point", help="stitch point of the front (see stitchlab layers)")
     st.add_argument("--back-point", default=None)
-    st.add_argument("--objective", default="slm", choices=("hlm", "slm", "dm", "fula"))
+    st.add_argument("--objective", default="slm", choices=OBJECTIVES)
     st.add_argument("--protocol", default="standard", choices=("standard", "iris"))
     st.add_argument("--iris-cache", default=None, help="folder to cache IRI sets in")
     st.add_argument("--epochs", type=int, default=30)
@@ -319,6 +340,7 @@ def _parser() -> argparse.ArgumentParser:
     st.add_argument("--n", type=int, default=2000, help="stitching images")
     st.add_argument("--n-test", type=int, default=1000, help="test images")
     _add_tracing_arguments(st)
+    _add_random_init(st)
     st.set_defaults(func=_cmd_stitch)
 
     ir = add("iris", "Generate (or resume) the IRI set of a model at a point; print quality.")
@@ -337,6 +359,7 @@ def _parser() -> argparse.ArgumentParser:
     ir.add_argument("--n", type=int, default=2000)
     ir.add_argument("--n-test", type=int, default=1)
     _add_tracing_arguments(ir)
+    _add_random_init(ir)
     ir.set_defaults(func=_cmd_iris)
 
     from .train.command import add_train_arguments
@@ -347,11 +370,31 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _setup_logging() -> None:
+    """stitchlab's log messages (progress, reuse, damaged entries) go to stderr."""
+    import logging
+
+    logger = logging.getLogger("stitchlab")
+    if not logger.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``stitchlab`` command."""
     args = _parser().parse_args(argv)
+    _setup_logging()
     try:
         return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        print(
+            f"\nstitchlab {args.command}: interrupted; finished work is stored. Rerun the same "
+            "command to resume.",
+            file=sys.stderr,
+        )
+        return 130
     except (KeyError, ValueError, TypeError, RuntimeError, OSError) as exc:
         msg = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
         print(f"stitchlab {args.command}: error: {msg}", file=sys.stderr)

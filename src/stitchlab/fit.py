@@ -31,6 +31,7 @@ from ._data import (
     _triple,
     as_dataset,
     batches,
+    check_labels,
     check_options,
     is_deterministic,
     triples,
@@ -69,7 +70,15 @@ class TrainingConfig:
     adversarial: dict | None = None  # PGD on the stitched model: {eps, step, steps}
 
     def validate(self) -> None:
-        """Raise a ValueError naming the first bad setting."""
+        """Raise a ValueError (a TypeError for a wrong type) naming the first bad setting."""
+        from ._checks import check_field_types
+
+        check_field_types(self, "training")
+        if self.lr < 0 or self.weight_decay < 0 or self.ridge < 0:
+            raise ValueError(
+                f"lr, weight_decay and ridge must be >= 0; got lr={self.lr}, "
+                f"weight_decay={self.weight_decay}, ridge={self.ridge}"
+            )
         if self.epochs < 0:
             raise ValueError(f"epochs must be >= 0, got {self.epochs}")
         if self.batch_size is not None and self.batch_size < 1:
@@ -370,7 +379,7 @@ def stitch(
     back_point: str | None = None,
     *,
     init_data: DataLike | None = None,
-    temperature: float = 1.0,
+    temperature: float | None = None,
     fula_points: Sequence[str] | None = None,
     fula_weights: Sequence[float] | None = None,
     protocol: Literal["standard", "iris"] = "standard",
@@ -382,6 +391,8 @@ def stitch(
     leaf_modules: Sequence[type] = (),
     output: OutputSelector | tuple[OutputSelector, OutputSelector] = None,
     layouts: Mapping[str, str] | None = None,
+    settings: TrainingConfig | None = None,
+    iris_recipe=None,
     **training,
 ) -> StitchedModel:
     """Train a stitch from ``front_model`` at ``point`` into ``back_model`` at ``back_point``.
@@ -395,7 +406,8 @@ def stitch(
         objective: ``"hlm"``, ``"slm"``, ``"dm"``, ``"fula"`` or an :class:`Objective`.
         back_point: stitch point of the back model (default: ``point``).
         init_data: real images for the least-squares initialisation (default: ``data``).
-        temperature: SLM temperature.
+        temperature: SLM temperature (default 1; only with ``objective="slm"``: an
+            :class:`Objective` object carries its own options).
         fula_points: FuLA's later back-model points (default: every later stitch point).
         fula_weights: FuLA's weights, stitch point first (default: uniform).
         protocol: ``"standard"`` trains on ``data``; ``"iris"`` (invariance-aware) trains on
@@ -418,22 +430,35 @@ def stitch(
         layouts: the activation layout of named points (``{"features.3": "NHWC"}``,
             see :data:`stitchlab.splitting.LAYOUTS`) where detection from the graph fails
             or must be overridden.
+        settings: a :class:`TrainingConfig` (instead of its fields as keywords).
+        iris_recipe: an :class:`~stitchlab.iris.IRIRecipe` for generated IRIs (instead of
+            recipe fields in ``iris_options``).
         **training: any :class:`TrainingConfig` field (epochs, lr, batch_size, solver,
             init, cache, frozen_mode, seed, device, ...).
 
     Returns:
-        The trained :class:`StitchedModel`, in eval mode.
+        The trained :class:`StitchedModel`, in eval mode. The global random state and the
+        caller's models are left as they were.
     """
-    cfg = TrainingConfig.from_kwargs(**training)
+    if settings is not None and training:
+        raise TypeError(
+            f"stitch() got settings= and training options {sorted(training)}: put them in "
+            "the TrainingConfig (settings.replace is dataclasses.replace) or pass only keywords."
+        )
+    cfg = settings if settings is not None else TrainingConfig.from_kwargs(**training)
+    if settings is not None:
+        cfg.validate()
+    if iris_recipe is not None:
+        recipe_fields = set(iris_options or {}) - {"threshold", "min_null_ratio"}
+        if recipe_fields:
+            raise TypeError(
+                f"stitch() got iris_recipe= and recipe fields {sorted(recipe_fields)} in "
+                "iris_options; put them in the IRIRecipe."
+            )
+        iris_options = {**(iris_options or {}), **iris_recipe.as_dict()}
     back_point = point if back_point is None else back_point
     front_output, back_output = output if isinstance(output, tuple) else (output, output)
-    options = {}
-    name = objective.name if isinstance(objective, Objective) else str(objective).lower()
-    if name == "slm":
-        options = {"temperature": temperature}
-    elif name == "fula":
-        options = {"points": fula_points, "weights": fula_weights}
-    obj = make_objective(objective, **options)
+    obj = _objective(objective, temperature, fula_points, fula_weights)
     if cfg.solver == "closed_form" and obj.name != "dm":
         raise ValueError("solver='closed_form' exists only for objective='dm'.")
     dataset, loader_bs = as_dataset(data, "data")
@@ -452,6 +477,8 @@ def stitch(
     elif iris is not None:
         raise ValueError("iris= was given but protocol='standard'; pass protocol='iris'.")
 
+    _check_float32(front_model, "front")
+    _check_float32(back_model, "back")
     # frozen copies: the caller's models keep their weights, modes and grad flags
     front_model = _freeze(copy.deepcopy(front_model)).to(device)
     back_model = _freeze(back_model if back_model is front_model else copy.deepcopy(back_model))
@@ -472,16 +499,88 @@ def stitch(
     obj.bind(back_point, later)
     targets = _Targets(traced_back, back_point, obj)
 
-    torch.manual_seed(cfg.seed)
     # the activation formats, from a batch of 3 (an odd size tells the batch axis apart)
     x0 = torch.stack([dataset[i % len(dataset)][0] for i in range(3)]).to(device)
     if traced_back is traced_front:  # one pass of the model gives both formats
-        both = traced_front.formats(x0, list(dict.fromkeys([point, back_point])), layouts=layouts)
+        both = _formats(traced_front, x0, list(dict.fromkeys([point, back_point])), layouts)
         src, dst = both[point].require(), both[back_point].require()
     else:
-        src = traced_front.formats(x0, [point], layouts=layouts)[point].require()
-        dst = traced_back.formats(x0, [back_point], layouts=layouts)[back_point].require()
+        src = _formats(traced_front, x0, [point], layouts, "front")[point].require()
+        dst = _formats(traced_back, x0, [back_point], layouts, "back")[back_point].require()
+    if "labels" in obj.target_keys:  # HLM: the labels must be classes of the back model
+        from .data import labels_of
+
+        with torch.no_grad():
+            k = traced_back.logits_model()(x0).shape[-1]
+        check_labels(labels_of(dataset), "data", num_classes=k)
     x0 = x0[: min(2, len(dataset))]
+    with torch.random.fork_rng(devices=_cuda_devices(device)):  # the caller's RNG untouched
+        torch.manual_seed(cfg.seed)
+        return _fit(
+            front, back_prefix, back, targets, obj, src, dst, point, back_point, later, cfg,
+            protocol, iri_quality, dataset, init_set, batch_size, device, x0,
+        )  # fmt: skip
+
+
+def _objective(objective, temperature, fula_points, fula_weights) -> Objective:
+    """The objective, with its options given once (in the object or as keywords)."""
+    given = {k: v for k, v in (("temperature", temperature), ("fula_points", fula_points),
+                               ("fula_weights", fula_weights)) if v is not None}  # fmt: skip
+    if isinstance(objective, Objective):
+        if given:
+            raise TypeError(
+                f"objective={type(objective).__name__}(...) carries its own options; "
+                f"{sorted(given)} would be ignored. Set them in the objective object."
+            )
+        return make_objective(objective)
+    name = str(objective).lower()
+    allowed = {"slm": {"temperature"}, "fula": {"fula_points", "fula_weights"}}.get(name, set())
+    wrong = sorted(set(given) - allowed)
+    if wrong:
+        raise TypeError(f"{wrong} do not apply to objective {objective!r}.")
+    if name == "slm":
+        return make_objective(objective, temperature=1.0 if temperature is None else temperature)
+    if name == "fula":
+        return make_objective(objective, points=fula_points, weights=fula_weights)
+    return make_objective(objective)
+
+
+def _cuda_devices(device: torch.device) -> list[int]:
+    return [device.index or 0] if device.type == "cuda" else []
+
+
+def _check_float32(model: nn.Module, what: str) -> None:
+    for name, p in [*model.named_parameters(), *model.named_buffers()]:
+        if p.is_floating_point() and p.dtype != torch.float32:
+            raise ValueError(
+                f"The {what} model has {p.dtype} weights ({name}); stitchlab stitches float32 "
+                f"models. Convert it with model.float() first."
+            )
+
+
+def _formats(traced: TracedModel, x0: Tensor, points: list[str], layouts, what: str = "model"):
+    """The activation formats at ``points``, or a clear error when the model cannot run on
+    the data's images (channels, rank or image size the model does not take)."""
+    from .splitting import SplitError
+
+    try:
+        return traced.formats(x0, points, layouts=layouts)
+    except SplitError:
+        raise
+    except (RuntimeError, ValueError, AssertionError, IndexError, TypeError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ValueError(
+            f"The {what} model cannot run on the data's images of shape "
+            f"{tuple(x0.shape[1:])}: {first}. Give it images with the channels, rank and "
+            "size it was built for (a ViT takes only its own image size)."
+        ) from None
+
+
+def _fit(
+    front, back_prefix, back, targets, obj, src, dst, point, back_point, later, cfg,
+    protocol, iri_quality, dataset, init_set, batch_size, device, x0,
+) -> StitchedModel:  # fmt: skip
+    """Initialise and train the stitch layer (after the models are set up)."""
     with torch.no_grad():
         a0 = front(x0)
     layer = StitchLayer(src, dst).to(device)
@@ -677,6 +776,7 @@ def evaluate(
             f"{tuple(logits.shape)}: they must be logits on the same test data."
         )
     k = logits.shape[1]
+    check_labels(labels, "test_data", num_classes=k)
     agree = metrics.agreement(logits, ref_logits)
     robust = {}
     if attack is not None:

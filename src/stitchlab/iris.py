@@ -19,7 +19,6 @@ import dataclasses
 import hashlib
 import json
 import math
-import os
 import shutil
 import warnings
 from collections.abc import Callable
@@ -32,8 +31,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.data import Dataset
 
-from ._data import DataLike, _module_device, as_dataset, batches, check_options
+from ._data import DataLike, _module_device, as_dataset, batches, check_images, check_options
 from .splitting import split
+from .store import DamagedEntry, atomic_write, file_sha256, lock, read_json, write_json
 
 __all__ = [
     "IRIRecipe",
@@ -95,7 +95,10 @@ class IRIRecipe:
         return cls.from_kwargs(preset="paper", **overrides)
 
     def validate(self) -> None:
-        """Raise a ValueError naming the first bad field."""
+        """Raise a ValueError (a TypeError for a wrong type) naming the first bad field."""
+        from ._checks import check_field_types
+
+        check_field_types(self, "IRI recipe")
         if self.steps < 0:
             raise ValueError(f"steps must be >= 0, got {self.steps}")
         if self.step_size <= 0:
@@ -528,6 +531,7 @@ def _check_images(images: Tensor, box: tuple[float, float]) -> None:
         raise ValueError(
             f"images must be a float tensor (N, C, H, W); got {tuple(images.shape)} {images.dtype}."
         )
+    check_images(images, "images")
     lo, hi = box
     if float(images.min()) < lo - 1e-4 or float(images.max()) > hi + 1e-4:
         raise ValueError(
@@ -572,14 +576,6 @@ def data_fingerprint(dataset: Dataset, batch_size: int = 512) -> str:
     return h.hexdigest()
 
 
-def _file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 class IRISet(Dataset):
     """A stored IRI set: ``(iri, source label)`` items read chunk by chunk from disk."""
 
@@ -590,7 +586,13 @@ class IRISet(Dataset):
         meta_path = self.root / "meta.json"
         if not meta_path.exists():
             raise IRIError(f"{self.root} holds no IRI set (no meta.json).")
-        self.meta = json.loads(meta_path.read_text())
+        try:
+            self.meta = read_json(meta_path)
+        except DamagedEntry as exc:
+            raise IRIError(
+                f"The IRI set's metadata {meta_path} is damaged ({exc.why}); run "
+                "generate_iris_set (or the experiment) again to regenerate the set."
+            ) from None
         if not self.meta.get("complete"):
             raise IRIError(
                 f"The IRI set in {self.root} is incomplete; run generate_iris_set again to "
@@ -655,18 +657,12 @@ def _load_chunk(path: Path, expected_sha: str | None) -> dict[str, Tensor] | Non
 
     if not path.exists() or expected_sha is None:
         return None
-    if _file_sha256(path) != expected_sha:
+    if file_sha256(path) != expected_sha:
         return None
     try:
         return load_file(str(path))
     except Exception:
         return None
-
-
-def _atomic_write_json(path: Path, obj: dict) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(obj, indent=1, sort_keys=True))
-    os.replace(tmp, path)
 
 
 def generate_iris_set(
@@ -702,8 +698,6 @@ def generate_iris_set(
     real image is, is flagged (a warning here; :func:`stitchlab.stitch` refuses it unless
     told otherwise).
     """
-    from safetensors.torch import save_file
-
     rec = IRIRecipe.from_kwargs(**recipe)
     if chunk_size % rec.batch_size and chunk_size > rec.batch_size:
         raise ValueError(
@@ -725,11 +719,34 @@ def generate_iris_set(
     key = hashlib.sha256(json.dumps(key_parts, sort_keys=True).encode()).hexdigest()[:24]
     root = Path(cache_dir) / key
     root.mkdir(parents=True, exist_ok=True)
+    with lock(root / ".lock", f"the IRI set {root}"):  # a second process waits, then reuses
+        return _fill_iris_set(
+            root, key, key_parts, dataset, front, rec, seed, chunk_size, dev, progress,
+            on_chunk, point, threshold, min_null_ratio,
+        )  # fmt: skip
+
+
+def _fill_iris_set(
+    root: Path, key: str, key_parts: dict, dataset: Dataset, front: nn.Module,
+    rec: IRIRecipe, seed: int, chunk_size: int, dev: torch.device, progress: bool,
+    on_chunk: Callable[[int, int], None] | None, point: str, threshold: float,
+    min_null_ratio: float,
+) -> IRISet:  # fmt: skip
+    from safetensors.torch import save_file
+
     meta_path = root / "meta.json"
-    meta = json.loads(meta_path.read_text()) if meta_path.exists() else None
+    meta = None
+    if meta_path.exists():
+        try:
+            meta = read_json(meta_path)
+        except DamagedEntry as exc:
+            warnings.warn(
+                f"IRI metadata {meta_path} is damaged ({exc.why}); regenerating the set.",
+                stacklevel=3,
+            )
     if meta is None or meta.get("key") != key:
         meta = {**key_parts, "key": key, "chunks": {}, "complete": False}
-        _atomic_write_json(meta_path, meta)
+        write_json(meta_path, meta)
     n = len(dataset)
     num_chunks = math.ceil(n / chunk_size)
     front = front.to(dev)
@@ -741,17 +758,18 @@ def generate_iris_set(
     for c in range(num_chunks):
         path = root / f"chunk_{c:05d}.safetensors"
         expected = meta["chunks"].get(str(c))
-        if expected is not None and path.exists() and _file_sha256(path) == expected:
+        if expected is not None and path.exists() and file_sha256(path) == expected:
             if bar is not None:
                 bar.update(1)
             continue
         if expected is not None:
-            warnings.warn(f"IRI chunk {path} is damaged; regenerating it.", stacklevel=2)
+            warnings.warn(f"IRI chunk {path} is damaged; regenerating it.", stacklevel=3)
         lo_i, hi_i = c * chunk_size, min(n, (c + 1) * chunk_size)
         subset = torch.utils.data.Subset(dataset, range(lo_i, hi_i))
         parts = []
         offset = lo_i
         for x, y in batches(subset, rec.batch_size, dev):
+            _check_images(x, rec.box)  # outside the box they would be silently clamped
             q, err_q, err_f, rms, null = _run_batch(front, x, rec, seed, offset)
             parts.append((q, y.cpu().long(), err_q, err_f, rms, null))
             offset += x.shape[0]
@@ -763,11 +781,9 @@ def generate_iris_set(
             "pixel_rms": torch.cat([p[4] for p in parts]).float().contiguous(),
             "null_error": torch.cat([p[5] for p in parts]).float().contiguous(),
         }
-        tmp = path.with_suffix(".tmp")
-        save_file(tensors, str(tmp))
-        os.replace(tmp, path)
-        meta["chunks"][str(c)] = _file_sha256(path)
-        _atomic_write_json(meta_path, meta)
+        atomic_write(path, lambda p, t=tensors: save_file(t, p))
+        meta["chunks"][str(c)] = file_sha256(path)
+        write_json(meta_path, meta)
         if bar is not None:
             bar.update(1)
         if on_chunk is not None:
@@ -775,10 +791,10 @@ def generate_iris_set(
     if bar is not None:
         bar.close()
     meta["complete"] = True
-    _atomic_write_json(meta_path, meta)
+    write_json(meta_path, meta)
     result = IRISet(root, threshold, min_null_ratio)
     if result.quality.flagged:
-        warnings.warn(str(result.quality), stacklevel=2)
+        warnings.warn(str(result.quality), stacklevel=3)
     return result
 
 

@@ -11,6 +11,7 @@ Every data set yields ``(image, label)`` with a float image ``(C, H, W)`` in [0,
 """
 
 from .cifar import CIFAR10_CLASSES, cifar10, download_cifar10
+from .fingerprint import fingerprint
 from .folders import (
     IMAGENET100_CLASSES,
     LS_IMAGENET10_CLASSES,
@@ -62,6 +63,7 @@ __all__ = [
     "ImageTensorDataset",
     "labels_of",
     "subset",
+    "fingerprint",
     "train_augmentation",
     "simclr_views",
     "safe_load",

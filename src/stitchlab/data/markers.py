@@ -21,11 +21,12 @@ import torch
 from torch import Tensor
 from torch.utils.data import Dataset
 
+from ..vocabulary import MARKERS
 from .tensors import labels_of
 
 __all__ = ["MODES", "distinct_colours", "marker_colours", "marker_size", "Marked"]
 
-MODES = ("pixel+loc", "pixel", "rand")
+MODES = MARKERS
 _MASK64 = (1 << 64) - 1
 
 

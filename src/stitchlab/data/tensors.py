@@ -105,3 +105,4 @@ def subset(
     if n is not None:
         order = order[:n]
     return Subset(dataset, order.tolist())
+

@@ -10,7 +10,15 @@
 from pathlib import Path
 
 from .config import ConfigError, Experiment, load_config, stable_hash
-from .runner import RESULT_COLUMNS, LocalExecutor, RayExecutor, RunSummary, run_experiment
+from .runner import (
+    RESULT_COLUMNS,
+    LocalExecutor,
+    RayExecutor,
+    RunSummary,
+    preflight,
+    run_experiment,
+    with_fingerprints,
+)
 
 __all__ = [
     "ConfigError",
@@ -18,6 +26,8 @@ __all__ = [
     "load_config",
     "stable_hash",
     "run_experiment",
+    "preflight",
+    "with_fingerprints",
     "RunSummary",
     "LocalExecutor",
     "RayExecutor",

@@ -53,24 +53,30 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..vocabulary import (
+    DATA_KINDS,
+    DEVICE_KINDS,
+    DISK_KINDS,
+    MARKERS,
+    METHODS,
+    OBJECTIVES,
+    PROTOCOLS,
+)
+
 __all__ = ["ConfigError", "Experiment", "load_config", "stable_hash"]
 
-DATA_KINDS = (
-    "cues", "shapes", "cifar10", "mnist", "coloured_mnist",
-    "ls_imagenet10", "imagenet100", "imagenet_b100",
-)  # fmt: skip
-DISK_KINDS = DATA_KINDS[2:]
-OBJECTIVES = ("hlm", "slm", "dm", "fula")
-PROTOCOLS = ("standard", "iris")
-MARKERS = ("pixel+loc", "pixel", "rand")
-METHODS = ("standard", "adversarial", "simclr")
 
 _TOP = {"name", "description", "reductions", "data", "models", "pairs", "stitch", "iris", "run"}
-_DATA = {"kind", "root", "n_train", "n_test", "seed", "options", "num_classes", "test_iris"}
+_DATA = {"kind", "root", "n_train", "n_test", "seed", "options", "num_classes"}
 _MODEL = {"arch", "options", "seed", "method", "marker", "recipe", "base", "robust_eval", "data",
           "leaf_modules", "output", "layouts"}  # fmt: skip
 _TRACING = ("leaf_modules", "output", "layouts")
-_PAIR = {"front", "back", "marker", "back_point_map"}
+_PAIR = {"front", "back", "marker"}
+# keys older configs carried that no code reads: refused, so nobody relies on them
+_DEAD = {
+    "test_iris": "the CKA of experiment D always uses test IRIs ([stitch] cka = true)",
+    "back_point_map": "every pair stitches at the same named point of front and back",
+}
 _STITCH = {
     "points", "objectives", "protocols", "n_stitch", "n_init", "training", "seeds",
     "iris_branches", "excess", "eval_batch_size", "cka", "attack",
@@ -92,6 +98,8 @@ def _check_keys(section: dict, allowed: set[str], where: str) -> None:
     if not isinstance(section, dict):
         raise ConfigError(f"{where} must be a table, got {type(section).__name__}")
     for key in section:
+        if key in _DEAD:
+            raise ConfigError(f"{where} {key} is not supported ({_DEAD[key]}); remove it.")
         if key not in allowed:
             close = difflib.get_close_matches(key, sorted(allowed), n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
@@ -169,13 +177,13 @@ def _validate(raw: dict[str, Any]) -> Experiment:
     for required in ("name", "data", "models", "pairs"):
         if required not in raw:
             raise ConfigError(f"the config needs a {required!r} entry")
-    data = {"seed": 0, "options": {}, "num_classes": 10, "root": "", "test_iris": False}
+    data = {"seed": 0, "options": {}, "num_classes": 10, "root": ""}
     data.update(raw["data"])
     _check_keys(data, _DATA, "[data]")
     _one_of(data.get("kind"), DATA_KINDS, "[data] kind")
-    for key in ("n_train", "n_test"):
-        if not isinstance(data.get(key), int) or data[key] < 1:
-            raise ConfigError(f"[data] {key} must be a positive integer, got {data.get(key)!r}")
+    for key in ("n_train", "n_test", "num_classes"):
+        _positive_int(data.get(key), f"[data] {key}")
+    _int(data["seed"], "[data] seed")
     if data["kind"] in DISK_KINDS and not data["root"]:
         raise ConfigError(f"[data] kind {data['kind']!r} needs a root folder (root = '...')")
     raw["data"] = data
@@ -201,6 +209,11 @@ def _validate(raw: dict[str, Any]) -> Experiment:
         if full["marker"] is not None:
             _one_of(full["marker"], MARKERS, f"{where} marker")
         _one_of(full["base"], ("fast", "paper"), f"{where} base")
+        _int(full["seed"], f"{where} seed")
+        for key in ("options", "recipe"):
+            if not isinstance(full[key], dict):
+                raise ConfigError(f"{where} {key} must be a table, got {full[key]!r}")
+        _check_recipe(full, where)
         models[name] = full
     raw["models"] = models
 
@@ -229,6 +242,15 @@ def _validate(raw: dict[str, Any]) -> Experiment:
     }  # fmt: skip
     stitch.update(raw.get("stitch", {}))
     _check_keys(stitch, _STITCH, "[stitch]")
+    for key in ("n_stitch", "n_init", "eval_batch_size"):
+        _positive_int(stitch[key], f"[stitch] {key}")
+    if not isinstance(stitch["seeds"], list) or not stitch["seeds"]:
+        raise ConfigError(f"[stitch] seeds must be a list of integers, got {stitch['seeds']!r}")
+    for seed in stitch["seeds"]:
+        _int(seed, "[stitch] seeds entry")
+    for key in ("objectives", "protocols"):
+        if not isinstance(stitch[key], list) or not stitch[key]:
+            raise ConfigError(f"[stitch] {key} must be a non-empty list, got {stitch[key]!r}")
     for o in stitch["objectives"]:
         _one_of(o, OBJECTIVES, "[stitch] objectives entry")
     for p in stitch["protocols"]:
@@ -258,10 +280,16 @@ def _validate(raw: dict[str, Any]) -> Experiment:
         )
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"[iris]: {exc}") from exc
+    for key in ("threshold", "min_null_ratio"):
+        if key in iris and (isinstance(iris[key], bool) or not isinstance(iris[key], (int, float))
+                            or iris[key] <= 0):  # fmt: skip
+            raise ConfigError(f"[iris] {key} must be a positive number, got {iris[key]!r}")
     raw["iris"] = iris
     run = {"threads": 2, "device": "cpu"}
     run.update(raw.get("run", {}))
     _check_keys(run, _RUN, "[run]")
+    _positive_int(run["threads"], "[run] threads")
+    _check_device(run["device"])
     raw["run"] = run
 
     exp = Experiment(
@@ -272,6 +300,44 @@ def _validate(raw: dict[str, Any]) -> Experiment:
     )
     exp.points = _check_points(exp)
     return exp
+
+
+def _int(value: Any, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"{where} must be an integer, got {value!r}")
+    return value
+
+
+def _positive_int(value: Any, where: str) -> int:
+    if _int(value, where) < 1:
+        raise ConfigError(f"{where} must be a positive integer, got {value!r}")
+    return value
+
+
+def _check_device(device: Any) -> None:
+    """The form of a device name (whether it is present is checked before a run)."""
+    if (
+        not isinstance(device, str)
+        or device.split(":")[0] not in DEVICE_KINDS
+        or (":" in device and not device.split(":", 1)[1].isdigit())
+    ):
+        raise ConfigError(
+            f"[run] device is {device!r}; use one of {', '.join(DEVICE_KINDS)} (or cuda:N)"
+        )
+
+
+def _check_recipe(model: dict, where: str) -> None:
+    """Build the model's training recipe now, so a bad field fails before any training."""
+    from ..train import fast_recipe, paper_recipe
+
+    opts = {"method": model["method"], **model["recipe"]}
+    try:
+        if model["base"] == "fast":
+            fast_recipe(**opts)
+        else:
+            paper_recipe(model["arch"], **opts)
+    except (TypeError, ValueError, KeyError) as exc:
+        raise ConfigError(f"{where} recipe: {exc.args[0] if exc.args else exc}") from None
 
 
 def _check_tracing(tracing: dict, where: str) -> dict:
@@ -308,9 +374,12 @@ def _check_points(exp: Experiment) -> dict[str, list[str]]:
         back = exp.models[spec["back"]]
         key = stable_hash([back["arch"], back["options"], back.get("tracing", {})])
         if key not in cache:
-            model = model_registry.create(
-                back["arch"], num_classes=exp.data["num_classes"], **back["options"]
-            )
+            import torch
+
+            with torch.random.fork_rng(devices=[]):  # checking a config draws no numbers
+                model = model_registry.create(
+                    back["arch"], num_classes=exp.data["num_classes"], **back["options"]
+                )
             tracing = back.get("tracing", {})
             cache[key] = stitch_points(
                 model, leaf_modules=tracing.get("leaf_modules", ()), output=tracing.get("output")

@@ -66,14 +66,33 @@ def _description_of(model: nn.Module, description: dict[str, Any]) -> dict[str, 
 
 
 def _atomic_write(path: Path, write) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    try:
-        write(str(tmp))
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+    from ..store import atomic_write
+
+    atomic_write(path, write)
+
+
+def tensors_sha256(tensors: dict[str, Tensor]) -> str:
+    """SHA-256 of named tensors: names, dtypes, shapes and bytes, in sorted name order."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for name in sorted(tensors):
+        t = tensors[name].detach().cpu().contiguous()
+        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+        if t.numel():
+            h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def _verify(path: Path, tensors: dict[str, Tensor], metadata: dict[str, str] | None) -> None:
+    """Refuse tensors whose checksum differs from the one stored at save time."""
+    expected = (metadata or {}).get("sha256")
+    if expected is not None and tensors_sha256(tensors) != expected:
+        raise CheckpointError(
+            f"{str(path)!r} is damaged: its tensors do not match the checksum written with "
+            "them (the file was changed after it was saved, e.g. a header dtype or the "
+            "bytes). Retrain or restore the file; stitchlab will not use it."
+        )
 
 
 def save(model: nn.Module, path: str | os.PathLike, **description: Any) -> Path:
@@ -89,7 +108,11 @@ def save(model: nn.Module, path: str | os.PathLike, **description: Any) -> Path:
     path = Path(path)
     desc = _description_of(model, description)
     tensors = {k: v.detach().cpu().contiguous().clone() for k, v in model.state_dict().items()}
-    metadata = {_META_KEY: json.dumps(desc, sort_keys=True), "format": FORMAT}
+    metadata = {
+        _META_KEY: json.dumps(desc, sort_keys=True),
+        "format": FORMAT,
+        "sha256": tensors_sha256(tensors),
+    }
     _atomic_write(path, lambda p: save_file(tensors, p, metadata=metadata))
     return path
 
@@ -169,14 +192,18 @@ def read_weights(path: str | os.PathLike, *, device: str | torch.device = "cpu")
     path = Path(path)
     _check_exists(path)
     if _safetensors_header(path) is not None:
-        from safetensors.torch import load_file
+        from safetensors import safe_open
 
         try:
-            return load_file(str(path), device=str(device))
+            with safe_open(str(path), framework="pt", device=str(device)) as f:
+                metadata = f.metadata()
+                tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118
         except Exception as exc:  # safetensors raises its own error types
             raise CheckpointError(
                 f"{str(path)!r} is damaged (truncated or corrupt safetensors): {exc}"
             ) from exc
+        _verify(path, tensors, metadata)
+        return tensors
     try:
         obj = torch.load(str(path), map_location=device, weights_only=True)
     except Exception as exc:
@@ -188,18 +215,30 @@ def read_weights(path: str | os.PathLike, *, device: str | torch.device = "cpu")
 
 
 def _load_into(model: nn.Module, weights: dict[str, Tensor], path: Path) -> None:
+    _load_check(model, weights, path)
+    model.load_state_dict(weights, strict=True)
+
+
+def _load_check(model: nn.Module, weights: dict[str, Tensor], path: Path) -> None:
     expected = model.state_dict()
     missing = [k for k in expected if k not in weights]
     unexpected = [k for k in weights if k not in expected]
     wrong = [
         f"{k}: file {tuple(weights[k].shape)} vs model {tuple(v.shape)}"
         for k, v in expected.items()
-        if k in weights and weights[k].shape != v.shape
+        if k in weights and tuple(weights[k].shape) != tuple(v.shape)
     ]
-    if missing or unexpected or wrong:
+    wrong_dtype = [
+        f"{k}: file dtype {weights[k].dtype} vs model {v.dtype}"
+        for k, v in expected.items()
+        if k in weights and weights[k].dtype != v.dtype and v.is_floating_point()
+    ]
+    if missing or unexpected or wrong or wrong_dtype:
         parts = []
         if wrong:
             parts.append(f"shape mismatch ({len(wrong)}): " + "; ".join(wrong[:3]))
+        if wrong_dtype:
+            parts.append(f"dtype mismatch ({len(wrong_dtype)}): " + "; ".join(wrong_dtype[:3]))
         if missing:
             parts.append(f"missing ({len(missing)}): " + ", ".join(missing[:5]))
         if unexpected:
@@ -210,7 +249,42 @@ def _load_into(model: nn.Module, weights: dict[str, Tensor], path: Path) -> None
             + " | ".join(parts)
             + ". Check the architecture and its options (width, stem, num_classes)."
         )
-    model.load_state_dict(weights, strict=True)
+
+
+_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16,
+           "BF16": torch.bfloat16, "I64": torch.int64, "I32": torch.int32, "I16": torch.int16,
+           "I8": torch.int8, "U8": torch.uint8, "BOOL": torch.bool}  # fmt: skip
+
+
+def _build(path: Path, create, arch: str, num_classes: int, opts: dict, meta: bool = False):
+    """The described model (on the meta device: no memory for its weights)."""
+    try:  # the weights come from the file: the caller's random state is not consumed
+        with torch.random.fork_rng(devices=[]):
+            if meta:
+                with torch.device("meta"):
+                    return create(arch, num_classes=num_classes, **opts)
+            return create(arch, num_classes=num_classes, **opts)
+    except (KeyError, TypeError, ValueError, RuntimeError, NotImplementedError) as exc:
+        if meta and not isinstance(exc, (KeyError, TypeError, ValueError)):
+            return None  # a model that cannot be built on the meta device: checked later
+        msg = exc.args[0] if exc.args else exc
+        raise CheckpointError(
+            f"Cannot rebuild the model of {str(path)!r} ({arch}, options {opts}): {msg}"
+        ) from None
+
+
+def _check_header_fits(path: Path, header: dict, model: nn.Module | None) -> None:
+    """Refuse a file whose tensor table does not fit the described model, before the model
+    is allocated (a small file claiming a huge width is refused at no memory cost)."""
+    if model is None:
+        return
+    entries = {k: v for k, v in header.items() if k != "__metadata__" and isinstance(v, dict)}
+    weights = {
+        k: torch.empty(tuple(v.get("shape", ())), dtype=_DTYPES.get(v.get("dtype"), torch.uint8),
+                       device="meta")
+        for k, v in entries.items()
+    }  # fmt: skip
+    _load_check(model, weights, path)
 
 
 def load(
@@ -244,11 +318,10 @@ def load(
         )
     k = num_classes if num_classes is not None else desc.get("num_classes")
     opts = {**(desc.get("options") or {}), **options}
-    try:
-        model = create(arch, num_classes=int(k) if k is not None else 10, **opts)
-    except (KeyError, TypeError, ValueError) as exc:
-        msg = exc.args[0] if exc.args else exc
-        raise CheckpointError(f"Cannot rebuild the model of {str(path)!r}: {msg}") from exc
+    num = int(k) if k is not None else 10
+    if header is not None:  # shapes and dtypes checked before any weight is allocated
+        _check_header_fits(path, header, _build(path, create, arch, num, opts, meta=True))
+    model = _build(path, create, arch, num, opts)
     weights = read_weights(path)
     _load_into(model, weights, path)
     model.stitchlab_description = desc  # type: ignore[assignment]

@@ -13,6 +13,7 @@ import matplotlib as mpl
 import pandas as pd
 from matplotlib.figure import Figure
 
+from ..vocabulary import OBJECTIVES
 from . import _html
 from .figures import (
     STYLE,
@@ -78,7 +79,7 @@ def layer_average_matrix(table: pd.DataFrame, digits: int = 1) -> pd.DataFrame:
     """:func:`~stitchlab.report.tables.layer_averages` as one row per pair (and variant),
     one text column per objective and protocol ("mean ± seed std")."""
     keys = [c for c in ("experiment", "pair", "marker", "adversarial") if c in table.columns]
-    objectives = ordered(table["objective"], ("hlm", "slm", "dm", "fula"))
+    objectives = ordered(table["objective"], OBJECTIVES)
     protocols = ordered(table["protocol"], ("standard", "iris"))
     rows = []
     for group, t in table.groupby(keys, sort=False, dropna=False):

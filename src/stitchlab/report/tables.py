@@ -7,6 +7,15 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 import pandas as pd
 
+from ..vocabulary import (
+    MARKER_LABELS,
+    MARKERS,
+    OBJECTIVE_LABELS,
+    OBJECTIVES,
+    PROTOCOL_LABELS,
+    PROTOCOLS,
+)
+
 __all__ = [
     "OBJECTIVES",
     "PROTOCOLS",
@@ -21,12 +30,9 @@ __all__ = [
     "infer_num_classes",
 ]
 
-OBJECTIVES: tuple[str, ...] = ("hlm", "slm", "dm", "fula")
-PROTOCOLS: tuple[str, ...] = ("standard", "iris")
-MARKERS: tuple[str, ...] = ("pixel+loc", "pixel", "rand")
-_OBJECTIVE_LABELS = {"hlm": "HLM", "slm": "SLM", "dm": "DM", "fula": "FuLA"}
-_PROTOCOL_LABELS = {"standard": "standard", "iris": "IRIs"}
-_MARKER_LABELS = {"pixel+loc": "Pixel+Loc", "pixel": "Pixel", "rand": "Rand"}
+_OBJECTIVE_LABELS = OBJECTIVE_LABELS
+_PROTOCOL_LABELS = PROTOCOL_LABELS
+_MARKER_LABELS = MARKER_LABELS
 
 
 def objective_label(objective: str) -> str:

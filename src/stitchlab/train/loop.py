@@ -157,7 +157,7 @@ class _State:
     ) -> None:
         from safetensors.torch import save_file
 
-        from ..models.checkpoint import _atomic_write
+        from ..models.checkpoint import _atomic_write, tensors_sha256
 
         assert self.path is not None
         tensors: dict[str, Tensor] = {}
@@ -170,13 +170,14 @@ class _State:
             "format": _STATE_FORMAT,
             "meta": json.dumps(meta),
             "optimizer": json.dumps(opt_meta),
+            "sha256": tensors_sha256(tensors),
         }
         _atomic_write(self.path, lambda p: save_file(tensors, p, metadata=metadata))
 
     def load(self, modules: Mapping[str, nn.Module], opt: torch.optim.Optimizer) -> dict[str, Any]:
         from safetensors import safe_open
 
-        from ..models.checkpoint import CheckpointError
+        from ..models.checkpoint import CheckpointError, tensors_sha256
 
         assert self.path is not None
         try:
@@ -185,6 +186,8 @@ class _State:
                 tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118
             if metadata.get("format") != _STATE_FORMAT:
                 raise ValueError("not a stitchlab training state")
+            if "sha256" in metadata and tensors_sha256(tensors) != metadata["sha256"]:
+                raise ValueError("checksum mismatch: the file changed after it was written")
             meta = json.loads(metadata["meta"])
             opt_meta = json.loads(metadata["optimizer"])
         except Exception as exc:
@@ -460,6 +463,7 @@ def train_model(
                 progress=progress,
                 until_epoch=until_epoch,
                 device=device,
+                run_cls=_Run,
             )
         else:
             if recipe.augment:

@@ -7,10 +7,11 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from ..vocabulary import METHODS
+
 __all__ = ["Recipe", "paper_recipe", "fast_recipe", "METHODS"]
 
 #: standard (also shortcut training: standard on marked data), adversarial, simclr
-METHODS = ("standard", "adversarial", "simclr")
 
 
 @dataclass(frozen=True)
@@ -53,6 +54,9 @@ class Recipe:
     num_workers: int = 0
 
     def __post_init__(self) -> None:
+        from .._checks import check_field_types
+
+        check_field_types(self, "recipe")
         if self.method not in METHODS:
             raise ValueError(f"method must be one of {', '.join(METHODS)}, got {self.method!r}")
         if self.optimizer not in ("sgd", "adamw"):

@@ -102,9 +102,13 @@ def simclr_phases(
     progress: bool,
     until_epoch: int | None,
     device: torch.device,
+    run_cls: type,
 ) -> tuple[Any, dict[str, Any]]:
-    """Contrastive epochs (resumable), then the linear head; returns ``(run, extras)``."""
-    from .loop import _Run
+    """Contrastive epochs (resumable), then the linear head; returns ``(run, extras)``.
+
+    ``run_cls`` is the training loop's run class (passed in, so that this module does not
+    import the loop that imports it)."""
+    _Run = run_cls  # noqa: N806
 
     head_name, head = classifier_head(model)
     dim, num_classes = head.in_features, head.out_features

@@ -1,0 +1,63 @@
+"""Checks of settings objects at the edge: every field has the type it declares."""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from typing import Any
+
+__all__ = ["check_field_types"]
+
+
+def _matches(value: Any, hint: Any) -> bool | None:
+    """Whether ``value`` fits ``hint`` (None when the hint is not one we check)."""
+    origin = typing.get_origin(hint)
+    if hint is Any:
+        return True
+    if origin in (typing.Union, types.UnionType):
+        results = [_matches(value, h) for h in typing.get_args(hint)]
+        if any(r is True for r in results):
+            return True
+        return None if any(r is None for r in results) else False
+    if origin is typing.Literal:
+        return value in typing.get_args(hint)
+    if hint is type(None):
+        return value is None
+    if hint is bool:
+        return isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if hint is str:
+        return isinstance(value, str)
+    if origin in (tuple, list) or hint in (tuple, list):
+        return isinstance(value, (tuple, list))
+    if origin is dict or hint is dict:
+        return isinstance(value, dict)
+    return None
+
+
+def _describe(hint: Any) -> str:
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        return " or ".join(_describe(h) for h in typing.get_args(hint))
+    if typing.get_origin(hint) is typing.Literal:
+        return " or ".join(repr(a) for a in typing.get_args(hint))
+    if hint is type(None):
+        return "None"
+    return getattr(hint, "__name__", str(hint))
+
+
+def check_field_types(obj: Any, what: str) -> None:
+    """Raise ``TypeError`` naming the field when a dataclass field's value does not have
+    its declared type (``epochs = 8.5`` for an ``int``, ``lr = "fast"`` for a ``float``)."""
+    hints = typing.get_type_hints(type(obj))
+    for f in dataclasses.fields(obj):
+        hint = hints.get(f.name)
+        value = getattr(obj, f.name)
+        if hint is None or _matches(value, hint) is not False:
+            continue
+        raise TypeError(
+            f"{what} {f.name} must be {_describe(hint)}, got {value!r} ({type(value).__name__})"
+        )

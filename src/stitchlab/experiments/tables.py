@@ -1,0 +1,84 @@
+"""The tables a run writes (results, pairs, CKA) and its example IRIs; all atomic."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from ..store import atomic_write, write_text
+from ..vocabulary import RESULT_COLUMNS
+
+__all__ = ["RESULT_COLUMNS", "write_csv", "write_parquet", "pair_rows", "write_examples"]
+
+
+def _fmt(v: Any) -> Any:
+    if v is None:
+        return ""
+    if isinstance(v, float):
+        return "" if math.isnan(v) else f"{v:.6g}"
+    return v
+
+
+def write_csv(path: Path, rows: list[dict[str, Any]], columns: list[str]) -> None:
+    """Write ``rows`` as CSV with ``columns`` (others ignored; missing values empty)."""
+    buf = io.StringIO(newline="")
+    writer = csv.DictWriter(buf, fieldnames=columns, extrasaction="ignore")
+    writer.writeheader()
+    for row in rows:
+        writer.writerow({c: _fmt(row.get(c)) for c in columns})
+    write_text(path, buf.getvalue())
+
+
+def write_parquet(csv_path: Path) -> None:
+    """``results.parquet`` beside ``results.csv``: the same table with typed columns."""
+    import pandas as pd
+
+    table = pd.read_csv(csv_path)
+    atomic_write(csv_path.with_suffix(".parquet"), lambda p: table.to_parquet(p, index=False))
+
+
+def pair_rows(fronts: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per pair (means over its front seeds) from the front jobs' results."""
+    by_pair: dict[str, list[dict[str, Any]]] = {}
+    for r in fronts:
+        by_pair.setdefault(r["pair"], []).append(r)
+    rows = []
+    for pair, rs in by_pair.items():
+        rows.append({
+            "pair": pair, "front": "+".join(r["front"] for r in rs), "back": rs[0]["back"],
+            "front_agreement": sum(r["front_agreement"] for r in rs) / len(rs),
+            "front_accuracy": sum(r["front_accuracy"] for r in rs) / len(rs),
+            "back_accuracy": rs[0]["back_accuracy"],
+        })  # fmt: skip
+    return rows
+
+
+def write_examples(path: Path, exp_raw: dict[str, Any], iri_paths: dict, k: int) -> None:
+    """A few IRIs per (front, point) next to their sources, for the report."""
+    import numpy as np
+    import torch
+    from safetensors.numpy import save_file
+
+    from ..iris import IRISet, quantise
+    from .datasets import stitch_data
+
+    tensors: dict[str, np.ndarray] = {}
+    meta: dict[str, str] = {}
+    for (front, point, marker), info in sorted(iri_paths.items(), key=lambda kv: str(kv[0])):
+        key = f"iris/{front}/{point}"
+        if key in tensors:
+            continue
+        iri_set = IRISet(info["path"])
+        n = min(k, len(iri_set))
+        tensors[key] = quantise(torch.stack([iri_set[i][0] for i in range(n)])).numpy()
+        meta[f"errors/{front}/{point}"] = json.dumps(
+            [round(float(e), 4) for e in iri_set.rel_error[:n]]
+        )
+        if "source" not in tensors:
+            data = stitch_data(exp_raw, marker)
+            tensors["source"] = quantise(torch.stack([data[i][0] for i in range(n)])).numpy()
+    atomic_write(path, lambda p: save_file(tensors, p, metadata=meta))

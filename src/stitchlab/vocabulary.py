@@ -1,0 +1,47 @@
+"""The names stitchlab uses everywhere, defined once (torch-free).
+
+Objectives, protocols, markers, training methods, data kinds, devices, the results
+schema and their display labels: the config checker, the CLI, the runner and the report
+all read them from here.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "OBJECTIVES",
+    "PROTOCOLS",
+    "MARKERS",
+    "METHODS",
+    "DATA_KINDS",
+    "DISK_KINDS",
+    "DEVICE_KINDS",
+    "RESULT_COLUMNS",
+    "OBJECTIVE_LABELS",
+    "PROTOCOL_LABELS",
+    "MARKER_LABELS",
+]
+
+OBJECTIVES: tuple[str, ...] = ("hlm", "slm", "dm", "fula")
+PROTOCOLS: tuple[str, ...] = ("standard", "iris")
+MARKERS: tuple[str, ...] = ("pixel+loc", "pixel", "rand")
+METHODS: tuple[str, ...] = ("standard", "adversarial", "simclr")
+DATA_KINDS: tuple[str, ...] = (
+    "cues", "shapes", "cifar10", "mnist", "coloured_mnist",
+    "ls_imagenet10", "imagenet100", "imagenet_b100",
+)  # fmt: skip
+DISK_KINDS: tuple[str, ...] = DATA_KINDS[2:]
+DEVICE_KINDS: tuple[str, ...] = ("cpu", "cuda", "mps")  # "cuda:1" etc. also accepted
+
+OBJECTIVE_LABELS = {"hlm": "HLM", "slm": "SLM", "dm": "DM", "fula": "FuLA"}
+PROTOCOL_LABELS = {"standard": "standard", "iris": "IRIs"}
+MARKER_LABELS = {"pixel+loc": "Pixel+Loc", "pixel": "Pixel", "rand": "Rand"}
+
+# One row per stitch run of an experiment (results.csv / results.parquet).
+RESULT_COLUMNS: list[str] = [
+    "experiment", "pair", "front", "back", "point", "point_index", "objective", "protocol",
+    "seed", "stitch_seed", "marker", "agreement", "agreement_normalized", "accuracy",
+    "hard_agreement", "error_consistency", "reference_accuracy", "agreement_rolled",
+    "excess_agreement", "init_residual", "iri_median_error", "iri_p90_error",
+    "iri_pixel_rms", "iri_null_median", "iri_null_ratio", "iri_flagged", "adversarial",
+    "robust_agreement", "robust_accuracy", "robust_samples", "cache_used", "seconds",
+]  # fmt: skip
