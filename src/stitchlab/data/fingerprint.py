@@ -12,10 +12,11 @@ from .folders import ImageFolderDataset
 from .mnist import ColouredMNIST
 from .tensors import ImageTensorDataset
 
-__all__ = ["fingerprint"]
+__all__ = ["fingerprint", "hash_tensor"]
 
 
-def _hash_tensor(h, t: Tensor) -> None:
+def hash_tensor(h, t: Tensor) -> None:
+    """Feed ``dtype|shape|`` and the raw bytes of ``t`` into the hash ``h``."""
     t = t.detach().cpu().contiguous()
     h.update(f"{t.dtype}|{tuple(t.shape)}|".encode())
     if t.numel():
@@ -34,14 +35,14 @@ def fingerprint(dataset: Dataset) -> str:
 def _fingerprint_into(h, ds: Dataset) -> None:
     h.update(type(ds).__name__.encode())
     if isinstance(ds, Subset):
-        _hash_tensor(h, torch.as_tensor(ds.indices, dtype=torch.long))
+        hash_tensor(h, torch.as_tensor(ds.indices, dtype=torch.long))
         _fingerprint_into(h, ds.dataset)
     elif isinstance(ds, ImageTensorDataset) and ds.transform is None:
-        _hash_tensor(h, ds.images)
-        _hash_tensor(h, ds.targets)
+        hash_tensor(h, ds.images)
+        hash_tensor(h, ds.targets)
     elif isinstance(ds, TensorDataset):
         for t in ds.tensors:
-            _hash_tensor(h, t)
+            hash_tensor(h, t)
     elif isinstance(ds, ImageFolderDataset) and ds.transform is None:
         h.update(f"{ds.size}|{ds.classes}".encode())
         for path, label in ds.samples:
@@ -49,11 +50,11 @@ def _fingerprint_into(h, ds: Dataset) -> None:
             h.update(f"{path.relative_to(ds.root)}|{label}|{st.st_size}|{st.st_mtime_ns}".encode())
     elif isinstance(ds, ColouredMNIST) and ds.transform is None:
         h.update(ds.variant.encode())
-        _hash_tensor(h, ds.colour_index)
-        _hash_tensor(h, ds.targets)
+        hash_tensor(h, ds.colour_index)
+        hash_tensor(h, ds.targets)
         _fingerprint_into(h, ds.digits)
     else:  # read every item (slow for big sets, but never wrong)
         for i in range(len(ds)):  # type: ignore[arg-type]
             x, y = ds[i][:2]
-            _hash_tensor(h, torch.as_tensor(x))
+            hash_tensor(h, torch.as_tensor(x))
             h.update(str(int(y)).encode())

@@ -75,12 +75,12 @@ def tensors_sha256(tensors: dict[str, Tensor]) -> str:
     """SHA-256 of named tensors: names, dtypes, shapes and bytes, in sorted name order."""
     import hashlib
 
+    from ..data.fingerprint import hash_tensor
+
     h = hashlib.sha256()
     for name in sorted(tensors):
-        t = tensors[name].detach().cpu().contiguous()
-        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
-        if t.numel():
-            h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+        h.update(f"{name}|".encode())
+        hash_tensor(h, tensors[name])
     return h.hexdigest()
 
 
