@@ -200,23 +200,24 @@ def test_adversarial_stitching_rows_have_robust_agreement(tmp_path):
 
 
 def test_killed_stitch_stage_resumes(tmp_path, monkeypatch):
-    from stitchlab.experiments import runner
+    """A kill in the middle of a stitch group keeps the runs it finished."""
+    from stitchlab.experiments import jobs
 
     calls = {"n": 0}
-    real = runner.stitch_job
+    real = jobs._compute_stitch
 
-    def flaky(job):
+    def flaky(run, shared):
         calls["n"] += 1
-        if calls["n"] == 5:
+        if calls["n"] == 7:  # the third run of the second group
             raise KeyboardInterrupt
-        return real(job)
+        return real(run, shared)
 
-    monkeypatch.setattr(runner, "stitch_job", flaky)
+    monkeypatch.setattr(jobs, "_compute_stitch", flaky)
     with pytest.raises(KeyboardInterrupt):
         run_experiment(TINY, tmp_path, progress=False)
-    monkeypatch.setattr(runner, "stitch_job", real)
+    monkeypatch.setattr(jobs, "_compute_stitch", real)
     resumed = run_experiment(TINY, tmp_path, progress=False)
-    assert resumed["stitch"]["run"] == 12  # 4 finished before the kill were reused
+    assert resumed["stitch"] == {"run": 10, "total": 16}  # the 6 finished were reused
 
 
 def test_ray_and_in_process_give_the_same_table(tmp_path):

@@ -6,15 +6,21 @@ The public API::
     split(model, point)                 -> (front, back) with back(front(x)) == model(x)
     TracedModel(model)                  -> trace once, cut often; .formats(x) gives the
                                            activation layout (NCHW, NHWC, NCL, NLC, NC)
+    Stitcher(front, back, point)        -> the life cycle: .initialise(data),
+                                           .collect(data, protocol), .fit(objective, ...),
+                                           .evaluate(model, test_data); shares the work
+                                           that does not depend on the objective
     stitch(front, back, point, data)    -> trained StitchedModel (protocol="iris" for
-                                           invariance-aware stitching)
+                                           invariance-aware stitching): one Stitcher, one fit
+    Standard(), InvarianceAware(...)    -> the protocols as objects
     generate_iris(model, point, images) -> identically represented inputs (+ quality)
     evaluate(stitched, test_data, ref)  -> scores (agreement, accuracy, ...)
     agreement(logits_a, logits_b)       -> agreement probability in percent
 """
 
 from ._data import DataError
-from .fit import StitchedModel, TrainingConfig, evaluate, stitch
+from .evaluation import evaluate
+from .fit import TrainingConfig
 from .iris import IRIRecipe, IRISet, generate_iris, generate_iris_set
 from .layers import ActivationSpec, StitchLayer, StitchShapeError
 from .metrics import (
@@ -28,6 +34,7 @@ from .metrics import (
     layer_average,
 )
 from .objectives import DM, HLM, SLM, FuLA, Objective
+from .protocols import InvarianceAware, Standard
 from .splitting import (
     SplitError,
     TracedModel,
@@ -37,6 +44,8 @@ from .splitting import (
     stitch_points,
     tap_model,
 )
+from .stitched import StitchedModel, StitchRecord
+from .stitcher import Initialisation, Stitcher, stitch
 
 __version__ = "0.1.0"
 
@@ -48,6 +57,11 @@ __all__ = [
     "TracedModel",
     "activation_formats",
     "stitch",
+    "Stitcher",
+    "Initialisation",
+    "Standard",
+    "InvarianceAware",
+    "StitchRecord",
     "evaluate",
     "generate_iris",
     "generate_iris_set",

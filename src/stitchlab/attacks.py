@@ -12,12 +12,11 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
+from ._modes import evaluating
+from .vocabulary import PGD_EVAL, PGD_TRAIN
+
 __all__ = ["pgd", "robust_accuracy", "autoattack_accuracy", "PGD_TRAIN", "PGD_EVAL"]
 
-#: The paper's adversarial-training attack: PGD-10, L-inf, eps 8/255, step 2/255.
-PGD_TRAIN = {"eps": 8 / 255, "step": 2 / 255, "steps": 10}
-#: The default evaluation attack: stronger (20 steps) at the same budget.
-PGD_EVAL = {"eps": 8 / 255, "step": 2 / 255, "steps": 20}
 
 
 def _check(x: Tensor, y: Tensor | None, eps: float, step: float, steps: int, norm: str) -> None:
@@ -52,9 +51,9 @@ def pgd(
     x: Tensor,
     y: Tensor | None = None,
     *,
-    eps: float = 8 / 255,
-    step: float = 2 / 255,
-    steps: int = 10,
+    eps: float = PGD_TRAIN["eps"],
+    step: float = PGD_TRAIN["step"],
+    steps: int = PGD_TRAIN["steps"],
     norm: str = "linf",
     random_start: bool = True,
     loss_fn: Callable[[Tensor, Tensor | None], Tensor] | None = None,
@@ -118,9 +117,9 @@ def robust_accuracy(
     model: nn.Module,
     data,
     *,
-    eps: float = 8 / 255,
-    step: float = 2 / 255,
-    steps: int = 20,
+    eps: float = PGD_EVAL["eps"],
+    step: float = PGD_EVAL["step"],
+    steps: int = PGD_EVAL["steps"],
     norm: str = "linf",
     batch_size: int = 256,
     max_samples: int | None = None,
@@ -130,19 +129,15 @@ def robust_accuracy(
     from ._data import _module_device
 
     device = _module_device(model)
-    was_training = model.training
-    model.eval()
     gen = torch.Generator().manual_seed(seed)
     correct = total = 0
-    try:
+    with evaluating(model):
         for x, y in _batches(data, batch_size, max_samples):
             x, y = x.to(device), y.to(device)
             adv = pgd(model, x, y, eps=eps, step=step, steps=steps, norm=norm, generator=gen)
             with torch.no_grad():
                 correct += int((model(adv).argmax(1) == y).sum())
             total += len(y)
-    finally:
-        model.train(was_training)
     return 100.0 * correct / max(total, 1)
 
 
@@ -150,7 +145,7 @@ def autoattack_accuracy(
     model: nn.Module,
     data,
     *,
-    eps: float = 8 / 255,
+    eps: float = PGD_EVAL["eps"],
     norm: str = "Linf",
     attacks: tuple[str, ...] = ("apgd-ce", "apgd-dlr"),
     batch_size: int = 256,
@@ -173,11 +168,9 @@ def autoattack_accuracy(
     from ._data import _module_device
 
     device = _module_device(model)
-    was_training = model.training
-    model.eval()
     xs, ys = zip(*_batches(data, batch_size, max_samples))
     x, y = torch.cat(xs).to(device), torch.cat(ys).to(device)
-    try:
+    with evaluating(model):
         adversary = AutoAttack(
             model,
             norm=norm,
@@ -194,6 +187,4 @@ def autoattack_accuracy(
             for i in range(0, len(x), batch_size):
                 pred = model(adv[i : i + batch_size]).argmax(1)
                 correct += int((pred == y[i : i + batch_size]).sum())
-    finally:
-        model.train(was_training)
     return 100.0 * correct / len(y)

@@ -41,6 +41,8 @@ __all__ = [
     "IRIQuality",
     "IRISet",
     "IRIError",
+    "THRESHOLD",
+    "MIN_NULL_RATIO",
     "generate_iris",
     "generate_iris_set",
     "quantise",
@@ -53,6 +55,9 @@ FORMAT_VERSION = 2  # 2: per-sample null distances stored beside the errors
 #: IRIs must be at least this many times closer (median relative error at the point) to
 #: their sources' representations than another real image is, or the set is flagged.
 MIN_NULL_RATIO = 10.0
+
+#: An IRI set whose median relative error is above this is flagged (PROTOCOL section 3).
+THRESHOLD = 0.5
 
 
 class IRIError(RuntimeError):
@@ -256,7 +261,7 @@ class IRIResult:
     pixel_rms: Tensor  # RMS pixel distance from the source image
     null_error: Tensor | None = None  # relative distance of another real image (the null)
 
-    def quality(self, threshold: float = 0.5) -> IRIQuality:
+    def quality(self, threshold: float = THRESHOLD) -> IRIQuality:
         """The quality summary of these IRIs."""
         return IRIQuality.of(self.rel_error, self.pixel_rms, threshold, self.null_error)
 
@@ -580,7 +585,7 @@ class IRISet(Dataset):
     """A stored IRI set: ``(iri, source label)`` items read chunk by chunk from disk."""
 
     def __init__(
-        self, root: str | Path, threshold: float = 0.5, min_null_ratio: float = MIN_NULL_RATIO
+        self, root: str | Path, threshold: float = THRESHOLD, min_null_ratio: float = MIN_NULL_RATIO
     ) -> None:
         self.root = Path(root)
         meta_path = self.root / "meta.json"
@@ -673,7 +678,7 @@ def generate_iris_set(
     *,
     seed: int = 0,
     chunk_size: int = 1024,
-    threshold: float = 0.5,
+    threshold: float = THRESHOLD,
     min_null_ratio: float = MIN_NULL_RATIO,
     data_key: str | None = None,
     device: str | torch.device | None = None,

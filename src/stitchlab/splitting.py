@@ -63,6 +63,7 @@ import torch
 import torch.fx as fx
 from torch import Tensor, nn
 
+from ._modes import modes
 from .layouts import (
     _FIRST_MODULES,
     _UNKNOWN,
@@ -318,19 +319,6 @@ def _changed(cur, old) -> bool:
     if isinstance(cur, list):
         return len(cur) != len(old) or any(a is not b for a, b in zip(cur, old))
     return cur != old
-
-
-@contextlib.contextmanager
-def _modes(model: nn.Module, training: bool | None = None) -> Iterator[None]:
-    """Restore every module's train/eval flag after the block (optionally set one first)."""
-    flags = [(m, m.training) for m in model.modules()]
-    try:
-        if training is not None:
-            model.train(training)
-        yield
-    finally:
-        for m, flag in flags:
-            m.training = flag
 
 
 def _trace(
@@ -624,7 +612,7 @@ def _graph_module(t: _Traced, graph: fx.Graph, name: str) -> fx.GraphModule:
     for k, v in t.constants.items():  # the constants exist only while the module is built
         root.__dict__[k] = v
     try:
-        with _modes(root):
+        with modes(root):
             gm = fx.GraphModule(root, graph, class_name=name)
     finally:
         for k in t.constants:
@@ -779,9 +767,9 @@ class TracedModel:
         self._by_mode: dict[bool, _Traced] = {}
         self.sequential = False
         try:
-            with _modes(model, False):
+            with modes(model, training=False):
                 self._by_mode[False] = _trace(model, self.leaf_modules, output)
-            with _modes(model, True):
+            with modes(model, training=True):
                 train = _trace(model, self.leaf_modules, output)
         except SplitError:
             if not isinstance(model, nn.Sequential):
@@ -942,7 +930,7 @@ class TracedModel:
                 self._check_point(p)
             t = self._eval
             g, val_map = _graph_copy(t)
-            with _modes(self.model, False):
+            with modes(self.model, training=False):
                 gm = _graph_module(t, g, "Full")
                 prop = LayoutProp(gm, t.root, example.shape[0])
                 try:
@@ -1018,7 +1006,7 @@ def _sequential_axes(model: nn.Sequential, example: Tensor, points: Sequence[str
     values, axes = {}, {}
     x = example
     ax: Axes = (0, 1) if example.dim() >= 2 else _UNKNOWN
-    with _modes(model, False):
+    with modes(model, training=False):
         for name, child in model.named_children():
             y = child(x)
             kinds = [m for m in child.modules() if isinstance(m, _FIRST_MODULES)

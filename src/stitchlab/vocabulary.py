@@ -45,3 +45,9 @@ RESULT_COLUMNS: list[str] = [
     "iri_pixel_rms", "iri_null_median", "iri_null_ratio", "iri_flagged", "adversarial",
     "robust_agreement", "robust_accuracy", "robust_samples", "cache_used", "seconds",
 ]  # fmt: skip
+
+
+#: The paper's adversarial-training attack: PGD-10, L-inf, eps 8/255, step 2/255.
+PGD_TRAIN: dict[str, float] = {"eps": 8 / 255, "step": 2 / 255, "steps": 10}
+#: The default evaluation attack: stronger (20 steps) at the same budget.
+PGD_EVAL: dict[str, float] = {"eps": 8 / 255, "step": 2 / 255, "steps": 20}

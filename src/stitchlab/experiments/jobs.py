@@ -1,11 +1,12 @@
 """The jobs of an experiment and their store keys.
 
-A job is a plain function of one JSON-ready dict (``exp``: the checked config with the
-data fingerprints, ``store``: the store folder, and the job's own fields), so the local
-executor and Ray run the same code. Each job writes only its own files, through
-:mod:`stitchlab.store` (atomic, checksummed), under a lock: a second process asking for
-the same job waits and then reuses the result. A damaged entry is reported by path and
-recomputed.
+A job is a plain function of one typed, frozen job object (:class:`TrainJob`,
+:class:`IRIJob`, :class:`StitchGroup`, :class:`CKAJob`, :class:`FrontJob`), each holding
+the run's :class:`RunContext` (the checked config with the data fingerprints, and the
+store folder) and its own fields, so the local executor and Ray run the same code.
+Each job writes only its own files, through :mod:`stitchlab.store` (atomic,
+checksummed), under a lock: a second process asking for the same job waits and then
+reuses the result. A damaged entry is reported by path and recomputed.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import logging
 import math
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,13 +36,20 @@ from .datasets import (
 )
 
 __all__ = [
+    "RunContext",
+    "TrainJob",
+    "IRIJob",
+    "StitchRun",
+    "StitchGroup",
+    "CKAJob",
+    "FrontJob",
     "STORE_VERSION",
     "model_key",
     "stitch_key",
     "iris_data_key",
     "train_job",
     "iris_job",
-    "stitch_job",
+    "stitch_group_job",
     "cka_job",
     "front_job",
     "load_model",
@@ -54,6 +63,102 @@ log = logging.getLogger("stitchlab.experiments")
 STORE_VERSION = 2  # 2: data keyed by content (fingerprint), not by the config's text
 
 _SCORE_COLUMNS = ("agreement", "accuracy", "hard_agreement", "reference_accuracy")
+
+
+@dataclass(frozen=True)
+class RunContext:
+    """What every job of one run reads: the checked config with the fingerprints of its
+    data (``exp``) and the store folder."""
+
+    exp: dict[str, Any]
+    store: str
+
+    @property
+    def root(self) -> Path:
+        """The store folder as a path."""
+        return Path(self.store)
+
+
+@dataclass(frozen=True)
+class TrainJob:
+    """Train (or reuse) one base model."""
+
+    ctx: RunContext
+    model: str
+
+
+@dataclass(frozen=True)
+class IRIJob:
+    """The IRI set of one front at one point on the (marked) stitching data."""
+
+    ctx: RunContext
+    front: str
+    point: str
+    marker: str | None
+
+
+@dataclass(frozen=True)
+class StitchRun:
+    """One stitch run: a row of the results table."""
+
+    pair: str
+    front: str
+    back: str
+    marker: str | None
+    point: str
+    point_index: int
+    objective: str
+    protocol: str
+    seed: int
+    stitch_seed: int
+    iris_path: str | None = None
+
+    def __post_init__(self) -> None:
+        if (self.protocol == "iris") != (self.iris_path is not None):
+            raise ValueError("an IRI-protocol run needs its IRI set's path, a standard run none")
+
+
+@dataclass(frozen=True)
+class StitchGroup:
+    """The stitch runs of one (pair, front, point, stitch seed): every objective under
+    every protocol. They share one Stitcher: the models are loaded, copied and traced
+    once, the least-squares initialisation is computed once, and each protocol's
+    activations once for all objectives."""
+
+    ctx: RunContext
+    runs: tuple[StitchRun, ...]
+
+    def __post_init__(self) -> None:
+        if not self.runs:
+            raise ValueError("a stitch group needs at least one run")
+        shared = {(r.pair, r.front, r.back, r.marker, r.point, r.stitch_seed) for r in self.runs}
+        if len(shared) != 1:
+            raise ValueError(f"the runs of a stitch group must share their pair, front, point "
+                             f"and stitch seed; got {sorted(map(str, shared))}")  # fmt: skip
+
+
+@dataclass(frozen=True)
+class CKAJob:
+    """Linear CKA of one pair at one point (experiment D)."""
+
+    ctx: RunContext
+    pair: str
+    front: str
+    back: str
+    marker: str | None
+    point: str
+    point_index: int
+
+
+@dataclass(frozen=True)
+class FrontJob:
+    """The Front reference point of one pair."""
+
+    ctx: RunContext
+    pair: str
+    front: str
+    back: str
+    marker: str | None
 
 
 @contextlib.contextmanager
@@ -124,14 +229,14 @@ def _usable_model(path: Path) -> bool:
         return False
 
 
-def train_job(job: dict[str, Any]) -> dict[str, Any]:
+def train_job(job: TrainJob) -> dict[str, Any]:
     """Train (or resume, or reuse) one base model; returns its description."""
     from .. import models
     from ..models import CheckpointError
     from ..train import MODEL_FILE, STATE_FILE, fast_recipe, paper_recipe, train_model
 
-    exp_raw, name = job["exp"], job["model"]
-    store = Path(job["store"])
+    exp_raw, name = job.ctx.exp, job.model
+    store = job.ctx.root
     spec = exp_raw["models"][name]
     data = model_data(exp_raw, name)  # a model may be trained on other data
     out = model_dir(store, exp_raw, name)
@@ -180,32 +285,32 @@ def load_model(exp_raw: dict[str, Any], store: Path, name: str):
 
 
 def _iris_options(exp_raw: dict[str, Any]) -> tuple[dict[str, Any], float, float]:
-    from ..iris import MIN_NULL_RATIO
+    from ..iris import MIN_NULL_RATIO, THRESHOLD
 
     opts = dict(exp_raw["iris"])
-    threshold = float(opts.pop("threshold", 0.5))
+    threshold = float(opts.pop("threshold", THRESHOLD))
     min_ratio = float(opts.pop("min_null_ratio", MIN_NULL_RATIO))
     return opts, threshold, min_ratio
 
 
-def iris_job(job: dict[str, Any]) -> dict[str, Any]:
+def iris_job(job: IRIJob) -> dict[str, Any]:
     """Generate (or reuse) the IRI set of one front at one point on one stitching set."""
     from ..iris import generate_iris_set
 
-    exp_raw, store = job["exp"], Path(job["store"])
+    exp_raw, store = job.ctx.exp, job.ctx.root
     opts, threshold, min_ratio = _iris_options(exp_raw)
     with threads(exp_raw["run"]["threads"]):
-        front = load_model(exp_raw, store, job["front"])
-        data = stitch_data(exp_raw, job["marker"])
+        front = load_model(exp_raw, store, job.front)
+        data = stitch_data(exp_raw, job.marker)
         t0 = time.perf_counter()
         iri_set = generate_iris_set(
-            front, job["point"], data, store / "iris", threshold=threshold,
-            min_null_ratio=min_ratio, data_key=iris_data_key(exp_raw, job["marker"]),
-            **tracing(exp_raw, job["front"]), **opts,
+            front, job.point, data, store / "iris", threshold=threshold,
+            min_null_ratio=min_ratio, data_key=iris_data_key(exp_raw, job.marker),
+            **tracing(exp_raw, job.front), **opts,
         )  # fmt: skip
     q = iri_set.quality
     return {
-        "front": job["front"], "point": job["point"], "marker": job["marker"],
+        "front": job.front, "point": job.point, "marker": job.marker,
         "path": str(iri_set.root), "median_error": q.median_error, "p90_error": q.p90_error,
         "pixel_rms": q.median_pixel_rms, "null_median": q.null_median,
         "null_ratio": q.null_ratio, "flagged": q.flagged,
@@ -213,17 +318,17 @@ def iris_job(job: dict[str, Any]) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def stitch_key(exp_raw: dict[str, Any], job: dict[str, Any]) -> str:
+def stitch_key(exp_raw: dict[str, Any], job: StitchRun) -> str:
     """Store key of one stitch run."""
     parts = {
         "v": STORE_VERSION,
-        "front": model_key(exp_raw, job["front"]),
-        "back": model_key(exp_raw, job["back"]),
-        "marker": job["marker"],
-        "point": job["point"],
-        "objective": job["objective"],
-        "protocol": job["protocol"],
-        "stitch_seed": job["stitch_seed"],
+        "front": model_key(exp_raw, job.front),
+        "back": model_key(exp_raw, job.back),
+        "marker": job.marker,
+        "point": job.point,
+        "objective": job.objective,
+        "protocol": job.protocol,
+        "stitch_seed": job.stitch_seed,
         # the settings shared by all runs, not the lists that enumerate the runs
         "stitch": {
             k: v
@@ -231,9 +336,9 @@ def stitch_key(exp_raw: dict[str, Any], job: dict[str, Any]) -> str:
             if k not in ("points", "objectives", "protocols", "seeds", "cka", "eval_batch_size")
         },
         "data": content_key(exp_raw, exp_raw["data"]),
-        "iris": exp_raw["iris"] if job["protocol"] == "iris" else None,
+        "iris": exp_raw["iris"] if job.protocol == "iris" else None,
     }
-    tracing_ = {k: exp_raw["models"][job[k]].get("tracing", {}) for k in ("front", "back")}
+    tracing_ = {k: exp_raw["models"][getattr(job, k)].get("tracing", {}) for k in ("front", "back")}
     if any(t.get("output") is not None or t.get("layouts") for t in tracing_.values()):
         parts["tracing"] = {
             k: {"output": t.get("output"), "layouts": t.get("layouts")} for k, t in tracing_.items()
@@ -241,13 +346,13 @@ def stitch_key(exp_raw: dict[str, Any], job: dict[str, Any]) -> str:
     return stable_hash(parts, 24)
 
 
-def row_names(exp_raw: dict[str, Any], job: dict[str, Any]) -> dict[str, Any]:
+def row_names(exp_raw: dict[str, Any], job: StitchRun) -> dict[str, Any]:
     """The columns of a result row that name the run (not part of its store key)."""
     return {
-        "experiment": exp_raw["name"], "pair": job["pair"], "front": job["front"],
-        "back": job["back"], "point": job["point"], "point_index": job["point_index"],
-        "objective": job["objective"], "protocol": job["protocol"], "seed": job["seed"],
-        "stitch_seed": job["stitch_seed"], "marker": job["marker"] or "",
+        "experiment": exp_raw["name"], "pair": job.pair, "front": job.front,
+        "back": job.back, "point": job.point, "point_index": job.point_index,
+        "objective": job.objective, "protocol": job.protocol, "seed": job.seed,
+        "stitch_seed": job.stitch_seed, "marker": job.marker or "",
     }  # fmt: skip
 
 
@@ -274,60 +379,101 @@ def _stored_row(path: Path) -> dict[str, Any] | None:
         return None
 
 
-def stitch_job(job: dict[str, Any]) -> dict[str, Any]:
-    """One stitch run, scored on the test data; the row of the results table."""
-    exp_raw, store = job["exp"], Path(job["store"])
-    path = store / "stitch" / f"{stitch_key(exp_raw, job)}.json"
-    row = _stored_row(path)
-    if row is None:
+def stitch_group_job(group: StitchGroup) -> list[dict[str, Any]]:
+    """The stitch runs of one group, each scored on the test data: the rows of the results
+    table. A run already in the store is reused; the others share one
+    :class:`~stitchlab.Stitcher` (built on first need), each protocol's training set and
+    its cached activations."""
+    exp_raw, store = group.ctx.exp, group.ctx.root
+    shared: _Shared | None = None
+    rows = []
+    for run in group.runs:
+        path = store / "stitch" / f"{stitch_key(exp_raw, run)}.json"
+        row = _stored_row(path)
+        if row is not None:  # it may come from another experiment sharing the store
+            rows.append({**row, **row_names(exp_raw, run), "_reused": True})
+            continue
         with lock(path.with_name(f".{path.stem}.lock"), f"stitch run {path.stem}"):
             row = _stored_row(path)  # another process may have finished it meanwhile
-            if row is None:
-                with threads(exp_raw["run"]["threads"]):
-                    row = _compute_stitch(job)
-                write_json(path, row)
-                return {**row, "_reused": False}
-    # the run may come from another experiment sharing the store: its names are ours
-    return {**row, **row_names(exp_raw, job), "_reused": True}
+            if row is not None:
+                rows.append({**row, **row_names(exp_raw, run), "_reused": True})
+                continue
+            with threads(exp_raw["run"]["threads"]):
+                shared = shared or _Shared(group)
+                row = _compute_stitch(run, shared)
+            write_json(path, row)
+        rows.append({**row, "_reused": False})
+    return rows
 
 
-def _compute_stitch(job: dict[str, Any]) -> dict[str, Any]:
-    from .. import evaluate, stitch
-    from ..fit import robust_scores
-    from ..iris import IRISet
+class _Shared:
+    """What the runs of one stitch group share: the models, the data, one Stitcher, and
+    the training set of the protocol being run (one at a time, to bound memory)."""
 
-    exp_raw, store = job["exp"], Path(job["store"])
-    data, st = exp_raw["data"], exp_raw["stitch"]
-    front = load_model(exp_raw, store, job["front"])
-    back = load_model(exp_raw, store, job["back"])
-    sdata = stitch_data(exp_raw, job["marker"])
-    test = test_data(exp_raw)
-    iris = IRISet(job["iris_path"]) if job["protocol"] == "iris" else None
+    def __init__(self, group: StitchGroup) -> None:
+        from .. import Stitcher
+
+        run, ctx = group.runs[0], group.ctx
+        exp_raw, store = ctx.exp, ctx.root
+        self.ctx = ctx
+        self.back = load_model(exp_raw, store, run.back)
+        front = load_model(exp_raw, store, run.front)
+        self.stitching = stitch_data(exp_raw, run.marker)
+        trace = tracing(exp_raw, run.front, run.back)
+        self.stitcher = Stitcher(front, self.back, run.point, device=exp_raw["run"]["device"],
+                                 **trace)  # fmt: skip
+        test = test_data(exp_raw)
+        self.test = marked(test, run.marker, exp_raw["data"])
+        self.rolled = marked(test, run.marker, exp_raw["data"], rolled=True) if run.marker else None
+        self._sets: dict[str, Any] = {}
+
+    def training_set(self, run: StitchRun):
+        """The StitchingSet of ``run``'s protocol (the previous protocol's is released)."""
+        from ..iris import MIN_NULL_RATIO, THRESHOLD, IRISet
+        from ..protocols import InvarianceAware, Standard
+
+        key = run.iris_path or run.protocol
+        if key not in self._sets:
+            iris = self.ctx.exp["iris"]
+            protocol = (
+                InvarianceAware(
+                    iris=IRISet(run.iris_path), branches=self.ctx.exp["stitch"]["iris_branches"],
+                    threshold=float(iris.get("threshold", THRESHOLD)),
+                    min_null_ratio=float(iris.get("min_null_ratio", MIN_NULL_RATIO)),
+                    allow_flagged=True,  # flagged sets are run and marked in the table
+                )  # fmt: skip
+                if run.protocol == "iris"
+                else Standard()
+            )
+            sset = self.stitcher.collect(self.stitching, protocol, seed=run.stitch_seed)
+            self._sets = {key: sset}
+        return self._sets[key]
+
+
+def _compute_stitch(run: StitchRun, shared: _Shared) -> dict[str, Any]:
+    from ..evaluation import evaluate, robust_scores
+    from ..fit import TrainingConfig
+
+    exp_raw, store = shared.ctx.exp, shared.ctx.root
+    st = exp_raw["stitch"]
     t0 = time.perf_counter()
-    stitched = stitch(
-        front, back, job["point"], sdata, objective=job["objective"],
-        protocol=job["protocol"], iris=iris, iris_branches=st["iris_branches"],
-        allow_flagged_iris=True, seed=job["stitch_seed"], init_samples=st["n_init"],
-        iris_options={k: exp_raw["iris"][k] for k in ("threshold", "min_null_ratio")
-                      if k in exp_raw["iris"]},
-        device=exp_raw["run"]["device"], **tracing(exp_raw, job["front"], job["back"]),
-        **st["training"],
-    )  # fmt: skip
-    test_marked = marked(test, job["marker"], data)
-    reference = reference_logits(exp_raw, store, job["back"], job["marker"])
-    scores = evaluate(stitched, test_marked, reference, batch_size=st["eval_batch_size"])
+    settings = TrainingConfig.from_kwargs(seed=run.stitch_seed, init_samples=st["n_init"],
+                                          **st["training"])  # fmt: skip
+    stitched = shared.stitcher.fit(run.objective, shared.training_set(run), settings=settings,
+                                   init_data=shared.stitching)  # fmt: skip
+    reference = reference_logits(exp_raw, store, run.back, run.marker)
+    scores = evaluate(stitched, shared.test, reference, batch_size=st["eval_batch_size"])
     if st["attack"]:  # experiment B: agreement under PGD against the stitched model
-        scores.update(robust_scores(stitched, test_marked, back, st["attack"],
+        scores.update(robust_scores(stitched, shared.test, shared.back, st["attack"],
                                     batch_size=st["eval_batch_size"]))  # fmt: skip
     row: dict[str, Any] = {
-        **row_names(exp_raw, job), **scores, "init_residual": stitched.init_residual,
+        **row_names(exp_raw, run), **scores, "init_residual": stitched.init_residual,
         "adversarial": st["training"].get("adversarial") is not None,
         "cache_used": stitched.cache_used,
     }  # fmt: skip
-    if job["marker"] and st["excess"]:
-        rolled = marked(test, job["marker"], data, rolled=True)
-        ref_rolled = reference_logits(exp_raw, store, job["back"], job["marker"], rolled=True)
-        row["agreement_rolled"] = evaluate(stitched, rolled, ref_rolled)["agreement"]
+    if run.marker and st["excess"]:
+        ref_rolled = reference_logits(exp_raw, store, run.back, run.marker, rolled=True)
+        row["agreement_rolled"] = evaluate(stitched, shared.rolled, ref_rolled)["agreement"]
         row["excess_agreement"] = row["agreement"] - row["agreement_rolled"]
     q = stitched.iri_quality
     if q is not None:
@@ -338,15 +484,15 @@ def _compute_stitch(job: dict[str, Any]) -> dict[str, Any]:
     return row
 
 
-def _pair_on_test(job: dict[str, Any]):
+def _pair_on_test(job: CKAJob | FrontJob):
     """``(front, back, test data with the pair's marker)`` of a job."""
-    exp_raw, store = job["exp"], Path(job["store"])
-    front = load_model(exp_raw, store, job["front"])
-    back = load_model(exp_raw, store, job["back"])
-    return front, back, marked(test_data(exp_raw), job["marker"], exp_raw["data"])
+    exp_raw, store = job.ctx.exp, job.ctx.root
+    front = load_model(exp_raw, store, job.front)
+    back = load_model(exp_raw, store, job.back)
+    return front, back, marked(test_data(exp_raw), job.marker, exp_raw["data"])
 
 
-def cka_job(job: dict[str, Any]) -> list[dict[str, Any]]:
+def cka_job(job: CKAJob) -> list[dict[str, Any]]:
     """Experiment D: linear CKA between front and back at one point, on the test data and
     on the front's IRIs of the test data (same IRI machinery and recipe)."""
     from .._data import batches
@@ -354,17 +500,17 @@ def cka_job(job: dict[str, Any]) -> list[dict[str, Any]]:
     from ..metrics import cka
     from ..splitting import split
 
-    exp_raw, store = job["exp"], Path(job["store"])
+    exp_raw, store = job.ctx.exp, job.ctx.root
     opts, threshold, min_ratio = _iris_options(exp_raw)
     rows = []
     with threads(exp_raw["run"]["threads"]):
         front, back, test = _pair_on_test(job)
-        f_front, _ = split(front, job["point"], **tracing(exp_raw, job["front"]))
-        f_back, _ = split(back, job["point"], **tracing(exp_raw, job["back"]))
+        f_front, _ = split(front, job.point, **tracing(exp_raw, job.front))
+        f_back, _ = split(back, job.point, **tracing(exp_raw, job.back))
         iri_set = generate_iris_set(
-            front, job["point"], test, store / "iris", threshold=threshold,
-            min_null_ratio=min_ratio, data_key=iris_data_key(exp_raw, job["marker"], "test"),
-            **tracing(exp_raw, job["front"]), **opts,
+            front, job.point, test, store / "iris", threshold=threshold,
+            min_null_ratio=min_ratio, data_key=iris_data_key(exp_raw, job.marker, "test"),
+            **tracing(exp_raw, job.front), **opts,
         )  # fmt: skip
         for name, data in (("test", test), ("test_iris", iri_set)):
             fa, ba = [], []
@@ -373,8 +519,8 @@ def cka_job(job: dict[str, Any]) -> list[dict[str, Any]]:
                     fa.append(f_front(x).flatten(1).cpu())
                     ba.append(f_back(x).flatten(1).cpu())
             rows.append({
-                "pair": job["pair"], "front": job["front"], "back": job["back"],
-                "point": job["point"], "point_index": job["point_index"], "data": name,
+                "pair": job.pair, "front": job.front, "back": job.back,
+                "point": job.point, "point_index": job.point_index, "data": name,
                 "cka": cka(torch.cat(fa), torch.cat(ba)),
             })  # fmt: skip
     return rows
@@ -391,18 +537,18 @@ def reference_logits(exp_raw, store: Path, back: str, marker, rolled: bool = Fal
     return CACHE.get(f"ref:{model_key(exp_raw, back)}:{marker}:{rolled}", make)
 
 
-def front_job(job: dict[str, Any]) -> dict[str, Any]:
+def front_job(job: FrontJob) -> dict[str, Any]:
     """The Front reference point: the front model's own agreement with the back."""
     from .. import evaluate
     from .._data import predict
     from ..metrics import accuracy
 
-    with threads(job["exp"]["run"]["threads"]):
+    with threads(job.ctx.exp["run"]["threads"]):
         front, back, test = _pair_on_test(job)
         scores = evaluate(front, test, back)
         back_logits, labels = predict(back, test)
     return {
-        "pair": job["pair"], "front": job["front"], "back": job["back"],
+        "pair": job.pair, "front": job.front, "back": job.back,
         "front_agreement": scores["agreement"], "front_accuracy": scores["accuracy"],
         "back_accuracy": accuracy(back_logits, labels),
     }  # fmt: skip

@@ -24,7 +24,20 @@ from ..vocabulary import RESULT_COLUMNS
 from .config import ConfigError, Experiment, load_config
 from .datasets import fingerprints, model_data, resolve_root
 from .executors import LocalExecutor, RayExecutor
-from .jobs import cka_job, front_job, iris_job, stitch_job, train_job
+from .jobs import (
+    CKAJob,
+    FrontJob,
+    IRIJob,
+    RunContext,
+    StitchGroup,
+    StitchRun,
+    TrainJob,
+    cka_job,
+    front_job,
+    iris_job,
+    stitch_group_job,
+    train_job,
+)
 from .tables import pair_rows, write_csv, write_examples, write_parquet
 
 __all__ = [
@@ -104,49 +117,48 @@ def run_experiment(
     start = time.time()
     # the data are read once here and keyed by content; every job checks the fingerprint
     raw = with_fingerprints(exp.raw)
-    base = {"exp": raw, "store": str(store)}
+    ctx = RunContext(raw, str(store))
     summary = RunSummary(experiment=exp.name, out=str(out), executor=executor.name)
 
     # 1. base models
     needed = sorted({m for p in exp.pairs.values() for m in [*p["front"], p["back"]]})
     log.info("[%s] %d base models", exp.name, len(needed))
-    trained = executor.map(train_job, [{**base, "model": m} for m in needed], "models")
+    trained = executor.map(train_job, [TrainJob(ctx, m) for m in needed], "models")
     summary["models"] = {"run": sum(not t["reused"] for t in trained), "total": len(trained)}
 
     # 2. IRI sets per (front, point, stitching data)
-    iri_jobs: dict[tuple, dict] = {}
+    iri_jobs: dict[tuple, IRIJob] = {}
     if "iris" in exp.stitch["protocols"]:
         for pair, spec in exp.pairs.items():
             for front in spec["front"]:
                 for point in exp.points[pair]:
                     key = (front, point, spec["marker"])
-                    iri_jobs.setdefault(
-                        key, {**base, "front": front, "point": point, "marker": spec["marker"]}
-                    )
+                    iri_jobs.setdefault(key, IRIJob(ctx, front, point, spec["marker"]))
     log.info("[%s] %d IRI sets", exp.name, len(iri_jobs))
     iri_results = executor.map(iris_job, list(iri_jobs.values()), "IRI sets")
     iri_paths = {k: r for k, r in zip(iri_jobs, iri_results)}
 
-    # 3. stitch runs
-    jobs = []
+    # 3. stitch runs, grouped by (pair, front, point, stitch seed): one Stitcher per group
+    groups = []
     for pair, spec in exp.pairs.items():
         for front in spec["front"]:
             seed = exp.models[front]["seed"]
             for i, point in enumerate(exp.points[pair], start=1):
-                for protocol in exp.stitch["protocols"]:
-                    for objective in exp.stitch["objectives"]:
-                        for stitch_seed in exp.stitch["seeds"]:
-                            job = {
-                                **base, "pair": pair, "front": front, "back": spec["back"],
-                                "marker": spec["marker"], "point": point, "point_index": i,
-                                "objective": objective, "protocol": protocol, "seed": seed,
-                                "stitch_seed": stitch_seed,
-                            }  # fmt: skip
-                            if protocol == "iris":
-                                job["iris_path"] = iri_paths[(front, point, spec["marker"])]["path"]
-                            jobs.append(job)
-    log.info("[%s] %d stitch runs", exp.name, len(jobs))
-    rows = executor.map(stitch_job, jobs, "stitch runs")
+                for stitch_seed in exp.stitch["seeds"]:
+                    runs = tuple(
+                        StitchRun(
+                            pair, front, spec["back"], spec["marker"], point, i, objective,
+                            protocol, seed, stitch_seed,
+                            iri_paths[(front, point, spec["marker"])]["path"]
+                            if protocol == "iris" else None,
+                        )  # fmt: skip
+                        for protocol in exp.stitch["protocols"]
+                        for objective in exp.stitch["objectives"]
+                    )
+                    groups.append(StitchGroup(ctx, runs))
+    n_runs = sum(len(g.runs) for g in groups)
+    log.info("[%s] %d stitch runs in %d groups", exp.name, n_runs, len(groups))
+    rows = [r for g in executor.map(stitch_group_job, groups, "stitch groups") for r in g]
     summary["stitch"] = {"run": sum(not r["_reused"] for r in rows), "total": len(rows)}
     write_csv(out / "results.csv", rows, RESULT_COLUMNS)
     write_parquet(out / "results.csv")
@@ -154,8 +166,7 @@ def run_experiment(
     # 4. CKA on test data and on test IRIs (experiment D)
     if exp.stitch["cka"]:
         cka_jobs = [
-            {**base, "pair": pair, "front": f, "back": spec["back"], "marker": spec["marker"],
-             "point": point, "point_index": i}
+            CKAJob(ctx, pair, f, spec["back"], spec["marker"], point, i)
             for pair, spec in exp.pairs.items()
             for f in spec["front"]
             for i, point in enumerate(exp.points[pair], start=1)
@@ -165,7 +176,7 @@ def run_experiment(
 
     # 5. Front reference points and example IRIs
     front_jobs = [
-        {**base, "pair": pair, "front": f, "back": spec["back"], "marker": spec["marker"]}
+        FrontJob(ctx, pair, f, spec["back"], spec["marker"])
         for pair, spec in exp.pairs.items()
         for f in spec["front"]
     ]

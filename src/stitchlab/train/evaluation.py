@@ -8,6 +8,7 @@ from typing import Any
 from torch import nn
 
 from .._data import DataLike, as_dataset, predict
+from .._modes import evaluating
 from ..attacks import PGD_EVAL, autoattack_accuracy, robust_accuracy
 
 __all__ = ["evaluate_classifier", "accuracy_on"]
@@ -15,12 +16,8 @@ __all__ = ["evaluate_classifier", "accuracy_on"]
 
 def accuracy_on(model: nn.Module, data: DataLike, *, batch_size: int = 256) -> float:
     """Top-1 accuracy in percent of ``model`` (put in eval mode, then restored) on ``data``."""
-    was_training = model.training
-    model.eval()
-    try:
+    with evaluating(model):
         logits, labels = predict(model, data, batch_size=batch_size)
-    finally:
-        model.train(was_training)
     return float((logits.argmax(1) == labels).double().mean() * 100)
 
 

@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from ..vocabulary import METHODS
+from ..vocabulary import METHODS, PGD_TRAIN
 
 __all__ = ["Recipe", "paper_recipe", "fast_recipe", "METHODS"]
 
@@ -40,9 +40,9 @@ class Recipe:
     gamma: float = 0.1
     batch_size: int = 128
     augment: bool = True
-    adv_eps: float = 8 / 255
-    adv_step: float = 2 / 255
-    adv_steps: int = 10
+    adv_eps: float = PGD_TRAIN["eps"]
+    adv_step: float = PGD_TRAIN["step"]
+    adv_steps: int = PGD_TRAIN["steps"]
     adv_fraction: float = 0.5
     temperature: float = 0.5
     projection_hidden: int = 1024

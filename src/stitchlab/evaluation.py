@@ -1,0 +1,103 @@
+"""Scoring a stitched model against a reference (usually the back model)."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from . import metrics
+from ._data import DataLike, _module_device, as_dataset, batches, check_labels
+from ._modes import evaluating
+from .fit import check_attack
+
+__all__ = ["evaluate", "robust_scores", "pgd_examples"]
+
+
+def evaluate(
+    stitched: nn.Module,
+    test_data: DataLike,
+    reference: nn.Module | Tensor,
+    *,
+    batch_size: int = 256,
+    attack: dict | None = None,
+) -> dict[str, float]:
+    """All scores of a stitched model against a reference (usually the back model).
+
+    ``reference`` is a model (run in eval mode) or its logits on ``test_data``. Returns
+    agreement, accuracy, hard agreement, error consistency, chance-normalised agreement
+    and the reference's own accuracy. With ``attack`` (``reference`` must then be a
+    model) also the scores of :func:`robust_scores`.
+    """
+    from ._data import predict
+
+    with evaluating(stitched):
+        logits, labels = predict(stitched, test_data, batch_size=batch_size)
+    if isinstance(reference, nn.Module):
+        with evaluating(reference):
+            ref_logits, _ = predict(reference, test_data, batch_size=batch_size)
+    else:
+        ref_logits = reference.detach().float().cpu()
+    if ref_logits.shape != logits.shape:
+        raise ValueError(
+            f"reference logits have shape {tuple(ref_logits.shape)}, the stitched model's "
+            f"{tuple(logits.shape)}: they must be logits on the same test data."
+        )
+    k = logits.shape[1]
+    check_labels(labels, "test_data", num_classes=k)
+    agree = metrics.agreement(logits, ref_logits)
+    robust = {}
+    if attack is not None:
+        robust = robust_scores(stitched, test_data, reference, attack, batch_size=batch_size)
+    return robust | {
+        "agreement": agree,
+        "agreement_normalized": metrics.chance_normalized(agree, k),
+        "accuracy": metrics.accuracy(logits, labels),
+        "hard_agreement": metrics.hard_agreement(logits, ref_logits),
+        "error_consistency": metrics.error_consistency(logits, ref_logits, labels),
+        "reference_accuracy": metrics.accuracy(ref_logits, labels),
+    }
+
+
+def robust_scores(
+    stitched: nn.Module,
+    test_data: DataLike,
+    reference: nn.Module,
+    attack: dict,
+    *,
+    batch_size: int = 256,
+) -> dict[str, float]:
+    """Agreement and accuracy under attack: PGD examples against the stitched model
+    (``attack``: ``{eps, step, steps}``, L-inf, and optionally ``samples``, to attack only
+    the first that many test images), scored on both the stitched and the reference model.
+    Returns ``robust_agreement``, ``robust_accuracy`` and ``robust_samples``.
+    """
+    if not isinstance(reference, nn.Module):
+        raise ValueError("robust scores need the reference model, not its logits.")
+    check_attack(attack, "attack", samples=True)
+    settings = {k: v for k, v in attack.items() if k != "samples"}
+    dataset, _ = as_dataset(test_data, "test_data")
+    if "samples" in attack and attack["samples"] < len(dataset):
+        dataset = torch.utils.data.Subset(dataset, range(int(attack["samples"])))
+    device = _module_device(stitched)
+    outs, refs, labels = [], [], []
+    with evaluating(stitched, reference):
+        for x, y in batches(dataset, batch_size, device):
+            x_adv = pgd_examples(stitched, x, y, settings)
+            with torch.no_grad():
+                outs.append(stitched(x_adv).float().cpu())
+                refs.append(reference(x_adv).float().cpu())
+            labels.append(y.cpu())
+    logits, ref_logits, y_all = torch.cat(outs), torch.cat(refs), torch.cat(labels)
+    return {
+        "robust_agreement": metrics.agreement(logits, ref_logits),
+        "robust_accuracy": metrics.accuracy(logits, y_all),
+        "robust_samples": len(y_all),
+    }
+
+
+def pgd_examples(model: nn.Module, x: Tensor, y: Tensor, settings: dict) -> Tensor:
+    """PGD (L-inf) examples against ``model``'s cross-entropy, with the model in eval mode."""
+    from .attacks import PGD_TRAIN, pgd
+
+    with evaluating(model):
+        return pgd(model, x, y, **{**PGD_TRAIN, **settings})

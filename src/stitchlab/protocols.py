@@ -1,0 +1,177 @@
+"""Stitching protocols as objects: what a stitch is trained on.
+
+:class:`Standard` trains on the stitching data itself. :class:`InvarianceAware` trains on
+the front's identically represented inputs (IRIs) of the stitching data: the back model's
+targets are its own outputs on the IRIs, so only a back that shares the front's
+invariances can be matched (PROTOCOL section 4). Its ``branches`` select the sanity
+variants of PROTOCOL section 6 E. A protocol turns stitching data into a training set once
+(:meth:`Protocol.training_set`); the :class:`~stitchlab.stitcher.Stitcher` then caches
+the activations of that set for every objective trained on it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal
+
+import torch
+from torch import Tensor, nn
+from torch.utils.data import Dataset, TensorDataset
+
+from ._data import PairedImages, as_dataset
+from .iris import (
+    MIN_NULL_RATIO,
+    THRESHOLD,
+    IRIError,
+    IRIQuality,
+    IRIRecipe,
+    IRIResult,
+    IRISet,
+    generate_iris,
+    generate_iris_set,
+)
+
+__all__ = ["Protocol", "Standard", "InvarianceAware", "as_protocol"]
+
+
+class Protocol:
+    """Base class: turns stitching data into the set a stitch is trained on."""
+
+    name: ClassVar[str] = ""
+
+    def training_set(
+        self, front_model: nn.Module, point: str, real: Dataset, *, seed: int,
+        device: torch.device, tracing: dict[str, Any],
+    ) -> tuple[Dataset, IRIQuality | None]:  # fmt: skip
+        """The training set for ``real`` stitching data, and the quality of its IRIs."""
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class Standard(Protocol):
+    """Model stitching as usual: train on the stitching data."""
+
+    name: ClassVar[str] = "standard"
+
+    def training_set(self, front_model, point, real, *, seed, device, tracing):  # noqa: D102
+        return real, None
+
+
+@dataclass(frozen=True, eq=False)
+class InvarianceAware(Protocol):
+    """Invariance-aware stitching: train on the front's IRIs of the stitching data.
+
+    Args:
+        iris: the IRIs to use (an :class:`~stitchlab.iris.IRISet`, an ``IRIResult``, a
+            tensor aligned with the data, or data); None generates them.
+        branches: ``"both"`` (the protocol), or the sanity variants of PROTOCOL section
+            6 E: ``"front"`` (IRIs into the front only, targets on real images) and
+            ``"back"`` (real images into the front, targets on IRIs).
+        cache: folder of the IRI cache for generated IRIs (None: in memory).
+        recipe: how generated IRIs are optimised (default: stitchlab's recipe).
+        threshold: an IRI set whose median relative error is above it is flagged.
+        min_null_ratio: a set closer than this many times the null error is flagged.
+        allow_flagged: train on a flagged set anyway (else :class:`IRIError`).
+
+    SLM, DM and FuLA targets are the back model's outputs on the IRIs; HLM keeps the
+    source labels; the least-squares initialisation always uses real images.
+    """
+
+    name: ClassVar[str] = "iris"
+    iris: Any = None
+    branches: Literal["both", "front", "back"] = "both"
+    cache: str | None = None
+    recipe: IRIRecipe = field(default_factory=IRIRecipe)
+    threshold: float = THRESHOLD
+    min_null_ratio: float = MIN_NULL_RATIO
+    allow_flagged: bool = False
+
+    def __post_init__(self) -> None:
+        if self.branches not in ("both", "front", "back"):
+            raise ValueError(
+                f"iris_branches must be 'both', 'front' or 'back', got {self.branches!r}"
+            )
+        if not isinstance(self.recipe, IRIRecipe):
+            raise TypeError(f"recipe must be an IRIRecipe, got {type(self.recipe).__name__}")
+        self.recipe.validate()
+
+    def training_set(self, front_model, point, real, *, seed, device, tracing):  # noqa: D102
+        iris = self.iris
+        options = self.recipe.as_dict()
+        if iris is None and self.cache is not None:
+            iris = generate_iris_set(
+                front_model, point, real, self.cache, seed=seed, threshold=self.threshold,
+                min_null_ratio=self.min_null_ratio, device=device, **tracing, **options,
+            )  # fmt: skip
+        elif iris is None:
+            iris = generate_iris(front_model, point, real, seed=seed, device=device,
+                                 **tracing, **options)  # fmt: skip
+        quality = None
+        if isinstance(iris, (IRIResult, IRISet)):  # judged with this protocol's thresholds
+            quality = IRIQuality.of(
+                iris.rel_error, iris.pixel_rms, self.threshold, iris.null_error,
+                self.min_null_ratio,
+            )  # fmt: skip
+            if isinstance(iris, IRIResult):
+                iris = iris.iris
+        if isinstance(iris, Tensor):
+            if len(iris) != len(real):  # type: ignore[arg-type]
+                raise ValueError(
+                    f"{len(iris)} IRIs for {len(real)} stitching images: pass one IRI per "  # type: ignore[arg-type]
+                    "image."
+                )
+            labels = torch.as_tensor([int(real[i][1]) for i in range(len(real))])  # type: ignore[arg-type]
+            iris = TensorDataset(iris.float(), labels)
+        iri_set, _ = as_dataset(iris, "iris")
+        if len(iri_set) != len(real):  # type: ignore[arg-type]
+            raise ValueError(f"{len(iri_set)} IRIs for {len(real)} stitching images.")  # type: ignore[arg-type]
+        if quality is not None and quality.flagged and not self.allow_flagged:
+            raise IRIError(
+                f"{quality}. These IRIs do not reproduce the front's representation well "
+                "enough for invariance-aware stitching; use more steps or a larger/decaying "
+                "step size, or pass allow_flagged_iris=True to use them anyway."
+            )
+        if self.branches == "front":
+            return PairedImages(iri_set, real), quality
+        if self.branches == "back":
+            return PairedImages(real, iri_set), quality
+        return iri_set, quality
+
+
+def as_protocol(
+    protocol: str | Protocol = "standard",
+    *,
+    iris: Any = None,
+    branches: str = "both",
+    cache: str | None = None,
+    options: dict | None = None,
+    recipe: IRIRecipe | None = None,
+    allow_flagged: bool = False,
+) -> Protocol:
+    """A protocol object from :func:`~stitchlab.stitch`'s keyword form (a name and the
+    ``iris_*`` options); a :class:`Protocol` is returned as it is (with no options)."""
+    if isinstance(protocol, Protocol):
+        given = iris is not None or options or recipe is not None or cache is not None
+        if given or branches != "both" or allow_flagged:
+            raise TypeError(
+                f"protocol={type(protocol).__name__}(...) carries its own settings; pass the "
+                "IRIs, branches, cache, recipe and thresholds to it, not as iris_* keywords."
+            )
+        return protocol
+    if protocol == "standard":
+        if iris is not None:
+            raise ValueError("iris= was given but protocol='standard'; pass protocol='iris'.")
+        return Standard()
+    if protocol != "iris":
+        raise ValueError(f"protocol must be 'standard' or 'iris', got {protocol!r}")
+    options = dict(options or {})
+    thresholds = {k: float(options.pop(k)) for k in ("threshold", "min_null_ratio")
+                  if k in options}  # fmt: skip
+    if recipe is not None and options:
+        raise TypeError(
+            f"stitch() got iris_recipe= and recipe fields {sorted(options)} in iris_options; "
+            "put them in the IRIRecipe."
+        )
+    recipe = recipe if recipe is not None else IRIRecipe.from_kwargs(**options)
+    return InvarianceAware(iris=iris, branches=branches, cache=cache, recipe=recipe,  # type: ignore[arg-type]
+                           allow_flagged=allow_flagged, **thresholds)  # fmt: skip
