@@ -260,3 +260,21 @@ def test_quick_demo_end_to_end(tmp_path):
     html = (out / "report.html").read_text()
     assert "cross-bias" in html and "data:image/png" in html
     assert any(p.suffix == ".png" for p in (out / "figures").iterdir())
+    # the finding, not just the columns (measured: identical 96.2-100, cross-bias SLM at
+    # the last point 92.0 standard and 15.0 under IRIs, cross-seed 30.0, HLM 90.3)
+    last = max(int(r["point_index"]) for r in rows)
+
+    def agreement(pair, protocol, objective, point_index=last):
+        (row,) = [r for r in rows if (r["pair"], r["protocol"], r["objective"],
+                                      int(r["point_index"])) == (pair, protocol, objective,
+                                                                 point_index)]  # fmt: skip
+        return float(row["agreement"])
+
+    for r in rows:
+        if r["pair"] == "identical" and r["objective"] != "hlm":
+            assert float(r["agreement"]) >= 95, r
+    standard = agreement("cross-bias", "standard", "slm")
+    aware = agreement("cross-bias", "iris", "slm")
+    assert standard >= 80 and aware <= 40 and standard - aware >= 40
+    assert agreement("cross-seed", "iris", "slm") > aware
+    assert agreement("cross-bias", "iris", "hlm") >= 70  # HLM never reads the back on IRIs

@@ -25,10 +25,10 @@ from pathlib import Path
 
 import torch
 
-from stitchlab import evaluate, stitch
+from stitchlab import InvarianceAware, Stitcher, TrainingConfig, evaluate
 from stitchlab.experiments import load_config, with_fingerprints
 from stitchlab.experiments.datasets import marked, stitch_data, test_data
-from stitchlab.experiments.jobs import load_model, reference_logits
+from stitchlab.experiments.jobs import iris_data_key, load_model, reference_logits, tracing
 from stitchlab.iris import generate_iris_set
 
 LEVELS = {  # from rough to converged
@@ -41,34 +41,42 @@ LEVELS = {  # from rough to converged
 }  # fmt: skip
 
 
-def _run(raw, store, pair, point, objective, recipe, n_iris, epochs, lr):
+def _cell(raw, store, pair, point, objectives, grid, lr):
+    """Every (recipe, n, epochs) of ``grid`` and every objective at one (pair, point): one
+    Stitcher, one initialisation per stitching set, one training set per IRI set."""
     spec = raw["pairs"][pair]
     front_name, back_name, marker = spec["front"][0], spec["back"], spec["marker"]
-    exp = copy.deepcopy(raw)
-    exp["stitch"]["n_stitch"] = n_iris
-    data = stitch_data(exp, marker)
     front = load_model(raw, store, front_name)
     back = load_model(raw, store, back_name)
-    t0 = time.perf_counter()
-    iris = generate_iris_set(front, point, data, store / "iris", min_null_ratio=0.0,
-                             threshold=10.0, **LEVELS[recipe])  # fmt: skip
-    iri_seconds = time.perf_counter() - t0
-    training = {**raw["stitch"]["training"], "epochs": epochs}
-    if lr is not None:
-        training["lr"] = lr
-    s = stitch(front, back, point, data, objective=objective, protocol="iris", iris=iris,
-               allow_flagged_iris=True, init_samples=raw["stitch"]["n_init"],
-               **training)  # fmt: skip
+    st = Stitcher(front, back, point, **tracing(raw, front_name, back_name))
     test = marked(test_data(raw), marker, raw["data"])
     ref = reference_logits(raw, store, back_name, marker)
-    scores = evaluate(s, test, ref)
-    q = iris.quality
-    return {
-        "pair": pair, "point": point, "objective": objective, "recipe": recipe,
-        "n_iris": n_iris, "epochs": epochs, "agreement": scores["agreement"],
-        "iri_median_error": q.median_error, "iri_p90_error": q.p90_error,
-        "iri_null_ratio": q.null_ratio, "iri_seconds": iri_seconds,
-    }  # fmt: skip
+    for recipe, n_iris, epochs in grid:
+        exp = copy.deepcopy(raw)
+        exp["stitch"]["n_stitch"] = n_iris
+        data = stitch_data(exp, marker)
+        t0 = time.perf_counter()
+        # the experiment's own data key: the default recipe's sets are the run's own
+        iris = generate_iris_set(front, point, data, store / "iris", min_null_ratio=0.0,
+                                 threshold=10.0, data_key=iris_data_key(exp, marker),
+                                 **tracing(raw, front_name), **LEVELS[recipe])  # fmt: skip
+        iri_seconds = time.perf_counter() - t0
+        training = {**raw["stitch"]["training"], "epochs": epochs}
+        if lr is not None:
+            training["lr"] = lr
+        settings = TrainingConfig(init_samples=raw["stitch"]["n_init"], **training)
+        sset = st.collect(data, InvarianceAware(iris=iris, allow_flagged=True,
+                                                threshold=10.0, min_null_ratio=0.0))  # fmt: skip
+        q = iris.quality
+        for objective in objectives:
+            s = st.fit(objective, sset, settings=settings, init_data=data)
+            yield {
+                "pair": pair, "point": point, "objective": objective, "recipe": recipe,
+                "n_iris": n_iris, "epochs": epochs,
+                "agreement": evaluate(s, test, ref)["agreement"],
+                "iri_median_error": q.median_error, "iri_p90_error": q.p90_error,
+                "iri_null_ratio": q.null_ratio, "iri_seconds": iri_seconds,
+            }  # fmt: skip
 
 
 def main() -> None:
@@ -81,6 +89,8 @@ def main() -> None:
     p.add_argument("--pairs", default="cross-seed,cross-bias")
     p.add_argument("--points", default="")
     p.add_argument("--objectives", default="slm,fula,dm")
+    p.add_argument("--levels", default=";".join(LEVELS),
+                   help="';'-separated IRI recipes of LEVELS (default: all)")
     p.add_argument("--n-iris", default="", help="more IRIs with the default recipe, e.g. 4000")
     p.add_argument("--epochs", default="", help="more stitch epochs, e.g. 30")
     p.add_argument("--lr", type=float, default=None)
@@ -105,20 +115,23 @@ def main() -> None:
                             text=True).stdout.strip()  # fmt: skip
     print(f"commit {commit}; {args.config}", flush=True)
     n0, e0 = raw["stitch"]["n_stitch"], raw["stitch"]["training"].get("epochs", 30)
-    grid = [(r, n0, e0) for r in LEVELS]
+    levels = args.levels.split(";")
+    unknown = sorted(set(levels) - set(LEVELS))
+    if unknown:
+        raise SystemExit(f"unknown levels {unknown}; choose from {list(LEVELS)}")
+    grid = [(r, n0, e0) for r in levels]
     grid += [("default (200 steps)", int(n), e0) for n in args.n_iris.split(",") if n]
     grid += [("default (200 steps)", n0, int(e)) for e in args.epochs.split(",") if e]
     rows = []
     t_start = time.perf_counter()
     for pair in args.pairs.split(","):
         for point in args.points.split(","):
-            for recipe, n, epochs in grid:
-                for objective in args.objectives.split(","):
-                    row = _run(raw, store, pair, point, objective, recipe, n, epochs, args.lr)
-                    rows.append(row)
-                    print(f"{pair:10s} {point:9s} {objective:4s} {recipe:30s} n={n} ep={epochs}: "
-                          f"agreement {row['agreement']:.1f} (IRI median "
-                          f"{row['iri_median_error']:.3f})", flush=True)  # fmt: skip
+            objectives = args.objectives.split(",")
+            for row in _cell(raw, store, pair, point, objectives, grid, args.lr):
+                rows.append(row)
+                print(f"{pair:10s} {point:9s} {row['objective']:4s} {row['recipe']:30s} "
+                      f"n={row['n_iris']} ep={row['epochs']}: agreement {row['agreement']:.1f} "
+                      f"(IRI median {row['iri_median_error']:.3f})", flush=True)  # fmt: skip
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     with (out / "dose_response.csv").open("w", newline="") as f:
