@@ -18,6 +18,9 @@ EXAMPLES = {
     "stitchlab layers torchvision:swin_t --input-size 64\n  "
     "stitchlab layers timm:maxvit_rmlp_pico_rw_256 --option img_size=64 --all",
     "demo": "stitchlab demo --out demo-out\n  stitchlab demo --out /tmp/d --quick",
+    "oracle": "stitchlab oracle --quick --out /tmp/o\n  "
+    "stitchlab oracle --seed 1 --out runs/oracle\n  "
+    "stitchlab oracle --config configs/oracle.toml --out runs/oracle",
     "run": "STITCHLAB_DATA=data stitchlab run configs/cpu/a_cifar10_resnet18.toml --out runs/a\n  "
     "STITCHLAB_DATA=data stitchlab run configs/cpu/b_robust.toml --out runs/b "
     "--store runs/a/store --ray\n  "
@@ -117,6 +120,33 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     _report(args.out, quiet=args.no_progress)
     _print_finding(Path(args.out) / "results.csv")
     print(f"demo finished in {summary['seconds']} s; report: {Path(args.out) / 'report.html'}")
+    return 0
+
+
+def _cmd_oracle(args: argparse.Namespace) -> int:
+    import tomllib
+
+    from .oracle import OracleSettings, run_oracle
+
+    table: dict = {}
+    if args.config:
+        with open(args.config, "rb") as f:
+            raw = tomllib.load(f)
+        extra = sorted(set(raw) - {"oracle", "name", "description"})
+        if extra or "oracle" not in raw:
+            raise ValueError(f"{args.config}: an oracle config has one [oracle] table "
+                             f"(and name, description); got {sorted(raw)}")  # fmt: skip
+        table = dict(raw["oracle"])
+    for key, value in (("seed", args.seed), ("threads", args.threads)):
+        if value is not None:
+            table[key] = value
+    settings = OracleSettings.from_table(table, quick=args.quick)
+    summary = run_oracle(settings, args.out, progress=not args.no_progress)
+    print("Spearman with the oracle (layer-averaged, 95% interval over pairs):")
+    for key, entry in summary["methods"].items():
+        v = entry["layer_average"]
+        print(f"  {key:<22} {v['spearman']:6.2f}  [{v['ci_low']:.2f}, {v['ci_high']:.2f}]")
+    print(f"oracle finished in {summary['seconds']} s; report: {Path(args.out) / 'report.html'}")
     return 0
 
 
@@ -306,6 +336,15 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--quick", action="store_true", help="a smaller run (under 2 minutes)")
     demo.add_argument("--no-progress", action="store_true")
     demo.set_defaults(func=_cmd_demo)
+
+    ora = add("oracle", "Grade similarity methods on networks whose cue reliance is known.")
+    ora.add_argument("--out", required=True, help="output folder (tables, store, report)")
+    ora.add_argument("--quick", action="store_true", help="the 5-minute testbed")
+    ora.add_argument("--seed", type=int, default=None, help="the testbed data's seed (0)")
+    ora.add_argument("--config", default=None, help="a TOML file with an [oracle] table")
+    ora.add_argument("--threads", type=int, default=None)
+    ora.add_argument("--no-progress", action="store_true")
+    ora.set_defaults(func=_cmd_oracle)
 
     run = add("run", "Run (or resume) an experiment config; then write its report.")
     run.add_argument("config", help="a TOML experiment config (see configs/)")

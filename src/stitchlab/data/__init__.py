@@ -29,13 +29,14 @@ from .markers import Marked, distinct_colours, marker_colours, marker_size
 from .mnist import VARIANTS as COLOURED_MNIST_VARIANTS
 from .mnist import ColouredMNIST, coloured_mnist, download_mnist, mnist, read_idx
 from .safe_pickle import UnsafePickleError, safe_load
-from .synthetic import cues, shapes
+from .synthetic import cues, render_cues, shapes
 from .tensors import DataFileError, ImageTensorDataset, labels_of, subset
 from .transforms import simclr_views, train_augmentation
 
 __all__ = [
     "shapes",
     "cues",
+    "render_cues",
     "cifar10",
     "download_cifar10",
     "CIFAR10_CLASSES",

@@ -14,7 +14,7 @@ import math
 import torch
 from torch import Tensor
 
-__all__ = ["shapes", "cues", "SHAPE_NAMES", "TEXTURE_NAMES", "CUES"]
+__all__ = ["shapes", "cues", "render_cues", "SHAPE_NAMES", "TEXTURE_NAMES", "CUES"]
 
 SHAPE_NAMES = (
     "disc",
@@ -156,7 +156,6 @@ def cues(
     fixed (a square, grey, no texture). With
     ``return_factors=True`` a third item maps each cue to its per-image value.
     """
-    from .markers import distinct_colours
 
     label_cues = tuple(label_cues)
     if nuisance is None:
@@ -184,6 +183,31 @@ def cues(
             factors[cue] = draw
         else:
             factors[cue] = torch.full((n,), fixed[cue])
+    img = _render(factors, g, size, noise)
+    return (img, labels, factors) if return_factors else (img, labels)
+
+
+def render_cues(
+    factors: dict[str, Tensor], *, seed: int = 0, size: int = 32, noise: float = 0.05
+) -> Tensor:
+    """Images ``(n, 3, size, size)`` in [0, 1] of one object whose shape, colour and texture
+    are the given per-image classes (``factors``: ``{"shape", "colour", "texture"}`` to
+    tensors of class indices in 0..9; ``-1`` for colour or texture: grey, no texture).
+    Position, size, rotation, brightness and noise are drawn from ``seed``."""
+    missing = [c for c in CUES if c not in factors]
+    if missing:
+        raise ValueError(f"render_cues needs a class for every cue; missing {missing}")
+    n = len(factors["shape"])
+    if any(len(factors[c]) != n for c in CUES):
+        raise ValueError("every cue needs one class per image")
+    return _render({c: factors[c].long() for c in CUES}, torch.Generator().manual_seed(seed),
+                   size, noise)  # fmt: skip
+
+
+def _render(factors: dict[str, Tensor], g: torch.Generator, size: int, noise: float) -> Tensor:
+    from .markers import distinct_colours
+
+    n = len(factors["shape"])
     coords = (torch.arange(size, dtype=torch.float32) + 0.5) / size * 2 - 1
     yy, xx = torch.meshgrid(coords, coords, indexing="ij")
     r = 0.45 + 0.3 * torch.rand(n, generator=g)
@@ -203,4 +227,4 @@ def cues(
     img = background + (fg - background) * mask[:, None]
     img = img + noise * torch.randn(n, 3, size, size, generator=g)
     img = img.clamp(0, 1)
-    return (img, labels, factors) if return_factors else (img, labels)
+    return img

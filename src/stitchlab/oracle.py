@@ -1,0 +1,516 @@
+"""An oracle testbed: networks whose cue reliance is known, so a similarity score can be graded.
+
+Model stitching has no ground truth: nobody can say which score is "right". Here the truth
+is built in. Generated images carry four cues that can each carry the class or not,
+independently: the object's **shape**, its **colour**, its **texture** and a
+class-coloured **marker** square at a class-fixed place (PROTOCOL's Pixel+Loc). A family
+of small CNNs is trained on data where only a chosen subset of the cues is predictive
+(the others random), and each network's reliance is then *measured*: its accuracy on
+cue-isolated data (one cue carries the label, the others are random).
+
+The oracle of two networks is measured without stitching: how often their predictions
+agree on **cue-conflict** images, where every cue shows its own random class (their
+behaviour where the cues disagree), with the overlap of their reliance profiles beside it.
+Every similarity method is then run on **aligned** data (every cue agrees with the label:
+where standard stitching is fooled) and graded by the rank correlation of its scores with
+the oracle over the pairs of the family.
+
+Why this is a fair ground truth, and what it is not: two networks that use the same cues
+make the same decisions when the cues disagree, and networks that use different cues do
+not, so conflict agreement measures shared *function* on inputs the networks were not
+trained on, independent of any stitching choice. It does not capture similarity of the
+internal computation (two networks can use one cue through different features), and it
+only knows the four cues built in.
+
+    run_oracle(OracleSettings.quick(), out)          # or: stitchlab oracle --quick --out DIR
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import logging
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from .store import read_json, write_json
+from .vocabulary import OBJECTIVES, PROTOCOLS
+
+__all__ = [
+    "TESTBED_CUES",
+    "OracleSettings",
+    "oracle_data",
+    "reliance_profile",
+    "conflict_agreement",
+    "profile_overlap",
+    "spearman",
+    "bootstrap_spearman",
+    "run_oracle",
+]
+
+log = logging.getLogger("stitchlab.oracle")
+
+TESTBED_CUES: tuple[str, ...] = ("shape", "colour", "texture", "marker")
+_IMAGE_CUES = ("shape", "colour", "texture")
+_MODES = ("train", "aligned", "isolated", "conflict")
+
+
+# ---------------------------------------------------------------------------
+# The data
+
+
+def oracle_data(
+    n: int,
+    *,
+    seed: int,
+    mode: str,
+    cues: Sequence[str] = TESTBED_CUES,
+    num_classes: int = 10,
+) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
+    """``(images, labels, classes)``: ``n`` generated 32x32 images and, per cue, the class it
+    shows on each image.
+
+    ``mode``: ``"train"`` (the cues in ``cues`` carry the label, the others are random),
+    ``"aligned"`` (every cue carries the label), ``"isolated"`` (``cues`` is one cue: it
+    carries the label, the others are random) or ``"conflict"`` (every cue shows its own
+    random class, independently; the labels are the shape's classes, for bookkeeping).
+    """
+    if mode not in _MODES:
+        raise ValueError(f"mode must be one of {_MODES}, got {mode!r}")
+    cues = tuple(cues)
+    unknown = [c for c in cues if c not in TESTBED_CUES]
+    if unknown or not cues:
+        raise ValueError(f"cues must be a non-empty subset of {TESTBED_CUES}, got {cues}")
+    if mode == "isolated" and len(cues) != 1:
+        raise ValueError(f"isolated data has one label-carrying cue, got {cues}")
+    from .data import Marked, render_cues
+
+    g = torch.Generator().manual_seed(seed)
+    labels = torch.randint(0, num_classes, (n,), generator=g)
+    classes: dict[str, Tensor] = {}
+    for cue in TESTBED_CUES:
+        draw = torch.randint(0, num_classes, (n,), generator=g)  # always drawn: stable streams
+        carries = mode == "aligned" or (mode in ("train", "isolated") and cue in cues)
+        classes[cue] = labels.clone() if carries else draw
+    if mode == "conflict":
+        labels = classes["shape"].clone()
+    images = render_cues({c: classes[c] for c in _IMAGE_CUES}, seed=seed + 1)
+    marked = Marked(torch.utils.data.TensorDataset(images, classes["marker"]), "pixel+loc",
+                    num_classes=num_classes, seed=0)  # fmt: skip
+    images = torch.stack([marked[i][0] for i in range(n)])
+    return images, labels, classes
+
+
+# ---------------------------------------------------------------------------
+# The oracle
+
+
+@torch.no_grad()
+def _predictions(model: nn.Module, images: Tensor, batch_size: int = 500) -> Tensor:
+    from ._modes import evaluating
+
+    with evaluating(model):
+        return torch.cat([model(images[i : i + batch_size]).argmax(1)
+                          for i in range(0, len(images), batch_size)])  # fmt: skip
+
+
+def reliance_profile(
+    model: nn.Module, isolated: dict[str, tuple[Tensor, Tensor]]
+) -> dict[str, float]:
+    """Accuracy in percent on each cue-isolated set (``{cue: (images, labels)}``)."""
+    return {cue: float((_predictions(model, x) == y).double().mean() * 100)
+            for cue, (x, y) in isolated.items()}  # fmt: skip
+
+
+def conflict_agreement(model_a: nn.Module, model_b: nn.Module, conflict: Tensor) -> float:
+    """Percent of cue-conflict images on which the two networks predict the same class."""
+    return float((_predictions(model_a, conflict) == _predictions(model_b, conflict))
+                 .double().mean() * 100)  # fmt: skip
+
+
+def profile_overlap(a: dict[str, float], b: dict[str, float], num_classes: int = 10) -> float:
+    """Weighted Jaccard overlap in [0, 1] of two reliance profiles, each accuracy first made
+    a reliance above chance: ``max(0, (acc - chance) / (100 - chance))``."""
+    chance = 100.0 / num_classes
+
+    def rel(p):
+        return {c: max(0.0, (v - chance) / (100.0 - chance)) for c, v in p.items()}
+
+    ra, rb = rel(a), rel(b)
+    num = sum(min(ra[c], rb[c]) for c in ra)
+    den = sum(max(ra[c], rb[c]) for c in ra)
+    return num / den if den > 0 else 1.0
+
+
+def _ranks(values: Sequence[float]) -> list[float]:
+    order = sorted(range(len(values)), key=lambda i: values[i])
+    ranks = [0.0] * len(values)
+    i = 0
+    while i < len(order):  # ties share their average rank
+        j = i
+        while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
+            j += 1
+        for k in range(i, j + 1):
+            ranks[order[k]] = (i + j) / 2 + 1
+        i = j + 1
+    return ranks
+
+
+def spearman(x: Sequence[float], y: Sequence[float]) -> float:
+    """Spearman's rank correlation (Pearson of average ranks); NaN when a side is constant."""
+    if len(x) != len(y) or len(x) < 2:
+        raise ValueError("spearman needs two sequences of the same length >= 2")
+    rx, ry = _ranks(list(x)), _ranks(list(y))
+    mx, my = sum(rx) / len(rx), sum(ry) / len(ry)
+    sxy = sum((a - mx) * (b - my) for a, b in zip(rx, ry))
+    sxx = sum((a - mx) ** 2 for a in rx)
+    syy = sum((b - my) ** 2 for b in ry)
+    return sxy / math.sqrt(sxx * syy) if sxx > 0 and syy > 0 else float("nan")
+
+
+def bootstrap_spearman(
+    x: Sequence[float], y: Sequence[float], *, reps: int = 1000, seed: int = 0, level: float = 0.95
+) -> tuple[float, float, float]:
+    """Spearman's rho and a percentile bootstrap interval over the pairs (resampled with
+    replacement; resamples with a constant side are skipped)."""
+    rho = spearman(x, y)
+    g = torch.Generator().manual_seed(seed)
+    n, stats = len(x), []
+    for _ in range(reps):
+        idx = torch.randint(0, n, (n,), generator=g).tolist()
+        r = spearman([x[i] for i in idx], [y[i] for i in idx])
+        if not math.isnan(r):
+            stats.append(r)
+    if not stats:
+        return rho, float("nan"), float("nan")
+    stats.sort()
+    lo = stats[int((1 - level) / 2 * (len(stats) - 1))]
+    hi = stats[int((1 + level) / 2 * (len(stats) - 1))]
+    return rho, lo, hi
+
+
+# ---------------------------------------------------------------------------
+# The run
+
+
+@dataclass(frozen=True)
+class OracleSettings:
+    """The testbed's size. The defaults are the full size (about 30 minutes on 2 cores);
+    :meth:`quick` is a 5-minute version."""
+
+    families: tuple[tuple[str, ...], ...] = (
+        ("shape",), ("colour",), ("texture",), ("marker",),
+        ("shape", "colour"), ("shape", "texture"), ("colour", "marker"), TESTBED_CUES,
+    )  # fmt: skip
+    seeds: tuple[int, ...] = (0,)  # network seeds per family
+    n_train: int = 5000
+    n_test: int = 1000  # each of: aligned test, every isolated set, conflict
+    n_stitch: int = 1000
+    n_init: int = 250
+    width: int = 8
+    train_epochs: int = 6
+    train_batch_size: int = 64
+    points: tuple[str, ...] = ("blocks.1", "blocks.3")
+    objectives: tuple[str, ...] = OBJECTIVES
+    protocols: tuple[str, ...] = PROTOCOLS
+    stitch_epochs: int = 3
+    iri_steps: int = 200
+    bootstrap: int = 1000
+    seed: int = 0  # the data's seed (--seed): a seed not developed on must give the finding
+    threads: int = 2
+
+    @classmethod
+    def quick(cls, **overrides: Any) -> OracleSettings:
+        """A 5-minute testbed: 5 networks, fewer images, the last point only."""
+        base = dict(
+            families=(("shape",), ("colour",), ("marker",), ("shape", "colour"), TESTBED_CUES),
+            n_train=3000, n_test=500, n_stitch=500, n_init=200, train_epochs=4,
+            points=("blocks.3",), stitch_epochs=2, iri_steps=100, bootstrap=300,
+        )  # fmt: skip
+        return cls(**{**base, **overrides})
+
+    def __post_init__(self) -> None:
+        from ._checks import check_field_types
+
+        object.__setattr__(self, "families", tuple(tuple(f) for f in self.families))
+        for name in ("seeds", "points", "objectives", "protocols"):
+            object.__setattr__(self, name, tuple(getattr(self, name)))
+        check_field_types(self, "oracle")
+        for f in self.families:
+            if not f or any(c not in TESTBED_CUES for c in f):
+                raise ValueError(f"a family is a non-empty subset of {TESTBED_CUES}, got {f}")
+        if len(self.families) * len(self.seeds) < 3:
+            raise ValueError("the oracle needs at least 3 networks to rank pairs")
+        for name in ("n_train", "n_test", "n_stitch", "n_init", "width", "train_epochs",
+                     "train_batch_size", "iri_steps", "bootstrap", "threads"):  # fmt: skip
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        bad = [o for o in self.objectives if o not in OBJECTIVES]
+        bad += [p for p in self.protocols if p not in PROTOCOLS]
+        if bad:
+            raise ValueError(f"unknown objectives/protocols {bad}")
+
+    @classmethod
+    def from_table(cls, table: dict[str, Any], quick: bool = False) -> OracleSettings:
+        """From a config's ``[oracle]`` table (every key a field; unknown keys refused)."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(table) - names)
+        if unknown:
+            raise ValueError(f"unknown [oracle] keys {unknown}; valid: {sorted(names)}")
+        return cls.quick(**table) if quick else cls(**table)
+
+
+def _network_name(cues: Sequence[str], seed: int) -> str:
+    return "+".join(cues) + f"-s{seed}"
+
+
+def _train_family(settings: OracleSettings, store: Path) -> dict[str, nn.Module]:
+    from . import models
+    from .train import fast_recipe, train_model
+
+    nets: dict[str, nn.Module] = {}
+    for k, (cues, seed) in enumerate(itertools.product(settings.families, settings.seeds)):
+        name = _network_name(cues, seed)
+        x, y, _ = oracle_data(settings.n_train, seed=settings.seed * 1000 + 10 + k,
+                               mode="train", cues=cues)  # fmt: skip
+        with torch.random.fork_rng():
+            torch.manual_seed(seed)
+            model = models.create("small_cnn", width=settings.width)
+        recipe = fast_recipe(epochs=settings.train_epochs, augment=False,
+                             batch_size=settings.train_batch_size)  # fmt: skip
+        train_model(model, (x, y), recipe=recipe, out=store / "models" / name, seed=seed,
+                    description={"oracle_cues": list(cues)})  # fmt: skip
+        nets[name] = model.eval()
+    return nets
+
+
+def run_oracle(settings: OracleSettings, out: str | Path, *, progress: bool = True) -> dict:
+    """Build the testbed, measure the oracle, grade every method; write ``oracle.csv``,
+    ``networks.csv``, ``summary.json``, ``figures/oracle.png`` and ``report.html`` into
+    ``out``. Finished networks, IRI sets and pair results are kept in ``out/store`` and
+    reused by a rerun."""
+    from .experiments.jobs import threads
+    from .experiments.tables import write_csv
+
+    out = Path(out)
+    store = out / "store"
+    store.mkdir(parents=True, exist_ok=True)
+    t_start = time.time()
+    with threads(settings.threads):
+        nets = _train_family(settings, store)
+        s = settings.seed * 1000
+        isolated = {c: oracle_data(settings.n_test, seed=s + 1, mode="isolated", cues=(c,))[:2]
+                    for c in TESTBED_CUES}  # fmt: skip
+        conflict = oracle_data(settings.n_test, seed=s + 2, mode="conflict")[0]
+        aligned_test = oracle_data(settings.n_test, seed=s + 3, mode="aligned")[:2]
+        stitching = oracle_data(settings.n_stitch, seed=s + 4, mode="aligned")[:2]
+        profiles = {name: reliance_profile(m, isolated) for name, m in nets.items()}
+        network_rows = [{"network": n, "trained_on": n.rsplit("-s", 1)[0],
+                         "aligned_accuracy": float((_predictions(m, aligned_test[0]) ==
+                                                    aligned_test[1]).double().mean() * 100),
+                         **{f"acc_{c}": v for c, v in profiles[n].items()}}
+                        for n, m in nets.items()]  # fmt: skip
+        write_csv(out / "networks.csv", network_rows, list(network_rows[0]))
+        names = list(nets)
+        pairs = [(a, b) for a in names for b in names]
+        rows: list[dict[str, Any]] = []
+        bar = _bar(progress, len(pairs) * len(settings.points), "oracle pairs")
+        for front, back in pairs:
+            oracle = conflict_agreement(nets[front], nets[back], conflict)
+            overlap = profile_overlap(profiles[front], profiles[back])
+            for point in settings.points:
+                path = store / "pairs" / f"{front}__{back}__{point}.json"
+                if path.exists():
+                    cell = read_json(path)["rows"]
+                else:
+                    cell = _grade(settings, nets[front], nets[back], point, stitching,
+                                  aligned_test, store)  # fmt: skip
+                    write_json(path, {"rows": cell})
+                for r in cell:
+                    rows.append({"front": front, "back": back, "self": front == back,
+                                 "point": point, **r, "oracle": oracle,
+                                 "profile_overlap": overlap})  # fmt: skip
+                if bar is not None:
+                    bar.update(1)
+        if bar is not None:
+            bar.close()
+    write_csv(out / "oracle.csv", rows, list(rows[0]))
+    summary = _summary(rows, settings)
+    summary["seconds"] = round(time.time() - t_start, 1)
+    summary["settings"] = dataclasses.asdict(settings)
+    write_json(out / "summary.json", summary)
+    _report(out, rows, summary, network_rows)
+    log.info("oracle: %d networks, %d pairs, done in %s s; %s", len(names), len(pairs),
+             summary["seconds"], out / "summary.json")  # fmt: skip
+    return summary
+
+
+def _bar(progress: bool, total: int, desc: str):
+    if not progress:
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=desc, leave=False)
+
+
+def _grade(settings, front, back, point, stitching, test, store) -> list[dict[str, Any]]:
+    """Every method's score for one (front, back, point): stitching under each protocol and
+    objective (agreement with the back on aligned test data) and linear CKA."""
+    from .evaluation import evaluate
+    from .fit import TrainingConfig
+    from .iris import generate_iris_set
+    from .metrics import cka
+    from .protocols import InvarianceAware, Standard
+    from .splitting import split
+    from .stitcher import Stitcher
+
+    rows: list[dict[str, Any]] = []
+    st = Stitcher(front, back, point)
+    # the front's IRIs of the stitching images (the IRI protocol, and CKA on IRIs)
+    iris = generate_iris_set(front, point, stitching, store / "iris", steps=settings.iri_steps,
+                             threshold=10.0, min_null_ratio=0.0)  # fmt: skip
+    cfg = TrainingConfig(epochs=settings.stitch_epochs, batch_size=64, lr=3e-3,
+                         init_samples=settings.n_init)  # fmt: skip
+    init = st.initialise(stitching, samples=settings.n_init)
+    for protocol in settings.protocols:
+        proto = Standard() if protocol == "standard" else InvarianceAware(
+            iris=iris, allow_flagged=True, threshold=10.0, min_null_ratio=0.0
+        )
+        sset = st.collect(stitching, proto)
+        for objective in settings.objectives:
+            model = st.fit(objective, sset, init=init, settings=cfg)
+            rows.append({"method": "stitch", "protocol": protocol, "objective": objective,
+                         "score": evaluate(model, test, back)["agreement"],
+                         "iri_median_error": iris.quality.median_error
+                         if protocol == "iris" else None})  # fmt: skip
+    f_front, _ = split(front, point)
+    f_back, _ = split(back, point)
+    for data_name, images in (("test", test[0]), ("iris", iris.images())):
+        with torch.no_grad():
+            fa, fb = f_front(images).flatten(1), f_back(images).flatten(1)
+        rows.append({"method": "cka", "protocol": data_name, "objective": "",
+                     "score": 100.0 * cka(fa, fb), "iri_median_error": None})  # fmt: skip
+    return rows
+
+
+def _method_key(r: dict[str, Any]) -> str:
+    if r["method"] == "cka":
+        return f"cka/{r['protocol']}"
+    return f"stitch/{r['protocol']}/{r['objective']}"
+
+
+def _summary(rows: list[dict[str, Any]], settings: OracleSettings) -> dict[str, Any]:
+    """Spearman of each method's score with the oracle over the non-self pairs, per point
+    and layer-averaged, with bootstrap intervals; and the identities."""
+    off = [r for r in rows if not r["self"]]
+    methods = list(dict.fromkeys(_method_key(r) for r in rows))
+    out: dict[str, Any] = {"oracle": "conflict_agreement", "methods": {}}
+    for key in methods:
+        entry: dict[str, Any] = {}
+        by_pair: dict[tuple, list[float]] = {}
+        oracle: dict[tuple, tuple[float, float]] = {}
+        for point in settings.points:
+            sel = [r for r in off if _method_key(r) == key and r["point"] == point]
+            x, y = [r["score"] for r in sel], [r["oracle"] for r in sel]
+            rho, lo, hi = bootstrap_spearman(x, y, reps=settings.bootstrap, seed=settings.seed)
+            rho_o = spearman(x, [r["profile_overlap"] for r in sel])
+            entry[point] = {"spearman": rho, "ci_low": lo, "ci_high": hi,
+                            "spearman_profile_overlap": rho_o, "pairs": len(sel)}  # fmt: skip
+            for r in sel:
+                by_pair.setdefault((r["front"], r["back"]), []).append(r["score"])
+                oracle[(r["front"], r["back"])] = (r["oracle"], r["profile_overlap"])
+        keys = sorted(by_pair)
+        x = [sum(by_pair[k]) / len(by_pair[k]) for k in keys]
+        rho, lo, hi = bootstrap_spearman(x, [oracle[k][0] for k in keys],
+                                         reps=settings.bootstrap, seed=settings.seed)  # fmt: skip
+        entry["layer_average"] = {
+            "spearman": rho, "ci_low": lo, "ci_high": hi,
+            "spearman_profile_overlap": spearman(x, [oracle[k][1] for k in keys]),
+            "pairs": len(keys),
+        }  # fmt: skip
+        selfs = [r["score"] for r in rows if r["self"] and _method_key(r) == key]
+        entry["self_pairs_mean_score"] = sum(selfs) / len(selfs) if selfs else None
+        out["methods"][key] = entry
+    oracles = [r["oracle"] for r in rows]
+    out["oracle_self_mean"] = _mean([r["oracle"] for r in rows if r["self"]])
+    out["oracle_range"] = [min(oracles), max(oracles)]
+    return out
+
+
+def _mean(v: list[float]) -> float | None:
+    return sum(v) / len(v) if v else None
+
+
+def _report(out: Path, rows, summary, network_rows) -> None:
+    """A scatter figure (score against oracle, layer-averaged, standard and IRI protocol
+    side by side) and a small HTML page with the tables."""
+    import base64
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    off = [r for r in rows if not r["self"]]
+    objectives = list(dict.fromkeys(r["objective"] for r in off if r["method"] == "stitch"))
+    panels = [("standard", o) for o in objectives], [("iris", o) for o in objectives]
+    fig, axes = plt.subplots(len(objectives) + 1, 2, figsize=(7, 2.6 * (len(objectives) + 1)),
+                             squeeze=False)  # fmt: skip
+
+    def averaged(key):
+        cells: dict[tuple, list] = {}
+        for r in off:
+            if _method_key(r) == key:
+                cells.setdefault((r["front"], r["back"]), [r["oracle"], []])[1].append(r["score"])
+        return [(o, sum(s) / len(s)) for o, s in cells.values()]
+
+    for j, col in enumerate(panels):
+        for i, (protocol, objective) in enumerate(col):
+            key = f"stitch/{protocol}/{objective}"
+            _panel(axes[i][j], averaged(key), f"{objective.upper()}, {protocol}",
+                   summary["methods"].get(key, {}).get("layer_average"))  # fmt: skip
+    for j, data in enumerate(("test", "iris")):
+        key = f"cka/{data}"
+        _panel(axes[-1][j], averaged(key), f"linear CKA (x100), on {data}",
+               summary["methods"].get(key, {}).get("layer_average"))  # fmt: skip
+    fig.tight_layout()
+    (out / "figures").mkdir(exist_ok=True)
+    fig.savefig(out / "figures" / "oracle.png", dpi=100)
+    plt.close(fig)
+    from .report import markdown_table
+
+    table = [{"method": k, **{p: f"{v['spearman']:.2f} [{v['ci_low']:.2f}, {v['ci_high']:.2f}]"
+                              for p, v in e.items() if isinstance(v, dict)}}
+             for k, e in summary["methods"].items()]  # fmt: skip
+    img = base64.b64encode((out / "figures" / "oracle.png").read_bytes()).decode()
+    html = (
+        "<html><head><meta charset='utf-8'><title>stitchlab oracle</title></head><body>"
+        "<h1>The oracle testbed</h1><p>Spearman's rho of each method's score with the "
+        "oracle (agreement on cue-conflict images) over the pairs of different networks, "
+        "with 95% bootstrap intervals over pairs.</p><pre>" + markdown_table(table) +
+        "</pre><h2>Networks (accuracy on each cue-isolated set, %)</h2><pre>" +
+        markdown_table(network_rows, float_format=".1f") + "</pre>"
+        f"<img src='data:image/png;base64,{img}'></body></html>"
+    )  # fmt: skip
+    (out / "report.html").write_text(html)
+
+
+def _panel(ax, points, title, stats) -> None:
+    if points:
+        ax.scatter([p[0] for p in points], [p[1] for p in points], s=14)
+    rho = f"rho {stats['spearman']:.2f} [{stats['ci_low']:.2f}, {stats['ci_high']:.2f}]" \
+        if stats else ""
+    ax.set_title(f"{title}\n{rho}", fontsize=8)
+    ax.set_xlabel("oracle: agreement on cue-conflict images (%)", fontsize=7)
+    ax.set_ylabel("score", fontsize=7)
+    ax.set_xlim(0, 100)
+    ax.set_ylim(0, 100)
+    ax.tick_params(labelsize=7)
+
