@@ -110,6 +110,11 @@ def test_tiny_oracle_run_writes_its_tables_and_resumes(tmp_path):
     assert (tmp_path / "report.html").exists() and (tmp_path / "figures" / "oracle.png").exists()
     again = run_oracle(settings, tmp_path, progress=False)  # everything reused
     assert again["methods"] == summary["methods"]
+    assert again["seconds"] < summary["seconds"] / 2
+    # other stitch settings reuse the networks and IRIs, never a pair result
+    run_oracle(OracleSettings(**{**TINY, "stitch_epochs": 2}), tmp_path, progress=False)
+    assert len(list((tmp_path / "store" / "pairs").iterdir())) == 2 * 9
+    assert len(list((tmp_path / "store" / "models").iterdir())) == 3
 
 
 def test_settings_are_checked():

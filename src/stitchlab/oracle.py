@@ -221,6 +221,8 @@ class OracleSettings:
     objectives: tuple[str, ...] = OBJECTIVES
     protocols: tuple[str, ...] = PROTOCOLS
     stitch_epochs: int = 3
+    stitch_batch_size: int = 64
+    stitch_lr: float = 3e-3
     iri_steps: int = 200
     bootstrap: int = 1000
     seed: int = 0  # the data's seed (--seed): a seed not developed on must give the finding
@@ -249,7 +251,8 @@ class OracleSettings:
         if len(self.families) * len(self.seeds) < 3:
             raise ValueError("the oracle needs at least 3 networks to rank pairs")
         for name in ("n_train", "n_test", "n_stitch", "n_init", "width", "train_epochs",
-                     "train_batch_size", "iri_steps", "bootstrap", "threads"):  # fmt: skip
+                     "train_batch_size", "stitch_batch_size", "iri_steps", "bootstrap",
+                     "threads"):  # fmt: skip
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         bad = [o for o in self.objectives if o not in OBJECTIVES]
@@ -273,11 +276,16 @@ def _network_name(cues: Sequence[str], seed: int) -> str:
 
 def _train_family(settings: OracleSettings, store: Path) -> dict[str, nn.Module]:
     from . import models
+    from .experiments.config import stable_hash
     from .train import fast_recipe, train_model
 
     nets: dict[str, nn.Module] = {}
+    training = {k: getattr(settings, k) for k in ("seed", "n_train", "width", "train_epochs",
+                                                  "train_batch_size")}  # fmt: skip
     for k, (cues, seed) in enumerate(itertools.product(settings.families, settings.seeds)):
         name = _network_name(cues, seed)
+        key = stable_hash({"v": 1, "cues": list(cues), "net_seed": seed, "index": k,
+                           **training}, 12)  # fmt: skip
         x, y, _ = oracle_data(settings.n_train, seed=settings.seed * 1000 + 10 + k,
                                mode="train", cues=cues)  # fmt: skip
         with torch.random.fork_rng():
@@ -285,7 +293,7 @@ def _train_family(settings: OracleSettings, store: Path) -> dict[str, nn.Module]
             model = models.create("small_cnn", width=settings.width)
         recipe = fast_recipe(epochs=settings.train_epochs, augment=False,
                              batch_size=settings.train_batch_size)  # fmt: skip
-        train_model(model, (x, y), recipe=recipe, out=store / "models" / name, seed=seed,
+        train_model(model, (x, y), recipe=recipe, out=store / "models" / f"{name}-{key}", seed=seed,
                     description={"oracle_cues": list(cues)})  # fmt: skip
         nets[name] = model.eval()
     return nets
@@ -294,14 +302,19 @@ def _train_family(settings: OracleSettings, store: Path) -> dict[str, nn.Module]
 def run_oracle(settings: OracleSettings, out: str | Path, *, progress: bool = True) -> dict:
     """Build the testbed, measure the oracle, grade every method; write ``oracle.csv``,
     ``networks.csv``, ``summary.json``, ``figures/oracle.png`` and ``report.html`` into
-    ``out``. Finished networks, IRI sets and pair results are kept in ``out/store`` and
-    reused by a rerun."""
+    ``out``. Finished networks, IRI sets and pair results are kept in ``out/store``, keyed
+    by what determines them, and reused by a rerun."""
+    from .experiments.config import stable_hash
     from .experiments.jobs import threads
     from .experiments.tables import write_csv
 
     out = Path(out)
     store = out / "store"
     store.mkdir(parents=True, exist_ok=True)
+    # what changes a score keys its entry (networks by their training settings, IRI sets
+    # by content): a rerun with other settings never reuses an entry made with these
+    pair_key = stable_hash({k: v for k, v in dataclasses.asdict(settings).items()
+                            if k not in ("bootstrap", "threads")}, 12)  # fmt: skip
     t_start = time.time()
     with threads(settings.threads):
         nets = _train_family(settings, store)
@@ -326,7 +339,7 @@ def run_oracle(settings: OracleSettings, out: str | Path, *, progress: bool = Tr
             oracle = conflict_agreement(nets[front], nets[back], conflict)
             overlap = profile_overlap(profiles[front], profiles[back])
             for point in settings.points:
-                path = store / "pairs" / f"{front}__{back}__{point}.json"
+                path = store / "pairs" / f"{front}__{back}__{point}-{pair_key}.json"
                 if path.exists():
                     cell = read_json(path)["rows"]
                 else:
@@ -376,8 +389,8 @@ def _grade(settings, front, back, point, stitching, test, store) -> list[dict[st
     # the front's IRIs of the stitching images (the IRI protocol, and CKA on IRIs)
     iris = generate_iris_set(front, point, stitching, store / "iris", steps=settings.iri_steps,
                              threshold=10.0, min_null_ratio=0.0)  # fmt: skip
-    cfg = TrainingConfig(epochs=settings.stitch_epochs, batch_size=64, lr=3e-3,
-                         init_samples=settings.n_init)  # fmt: skip
+    cfg = TrainingConfig(epochs=settings.stitch_epochs, batch_size=settings.stitch_batch_size,
+                         lr=settings.stitch_lr, init_samples=settings.n_init)  # fmt: skip
     init = st.initialise(stitching, samples=settings.n_init)
     for protocol in settings.protocols:
         proto = Standard() if protocol == "standard" else InvarianceAware(
