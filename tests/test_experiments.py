@@ -113,8 +113,10 @@ def test_builtin_and_repository_configs_are_valid():
     for name in ("demo", "demo_quick"):
         assert load_config(builtin_config(name)).name == name
     configs = sorted((Path(__file__).parent.parent / "configs").rglob("*.toml"))
+    from stitchlab.oracle import is_oracle_config, load_oracle_config
+
     for path in configs:
-        load_config(path)
+        load_oracle_config(path) if is_oracle_config(path) else load_config(path)
     # the configs that --help shows as examples exist
     from stitchlab.cli import EXAMPLES
 

@@ -125,3 +125,16 @@ def test_settings_are_checked():
     with pytest.raises(ValueError, match="unknown \\[oracle\\] keys"):
         OracleSettings.from_table({"n_trian": 5})
     assert OracleSettings.quick().points == ("blocks.3",)
+
+
+def test_the_oracle_config_runs_through_stitchlab_run(tmp_path, capsys):
+    from pathlib import Path
+
+    from stitchlab.cli import main
+
+    config = Path(__file__).parent.parent / "configs" / "oracle.toml"
+    assert main(["run", str(config), "--out", str(tmp_path), "--check"]) == 0
+    assert "valid oracle config (8 families" in capsys.readouterr().out
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[oracle]\nn_trian = 5\n")
+    assert main(["run", str(bad), "--out", str(tmp_path), "--check"]) != 0

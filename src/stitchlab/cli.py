@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -124,29 +125,23 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _cmd_oracle(args: argparse.Namespace) -> int:
-    import tomllib
+    from .oracle import OracleSettings, load_oracle_config
 
-    from .oracle import OracleSettings, run_oracle
+    settings = (load_oracle_config(args.config, quick=args.quick) if args.config
+                else OracleSettings.quick() if args.quick else OracleSettings())  # fmt: skip
+    changes = {k: v for k, v in (("seed", args.seed), ("threads", args.threads)) if v is not None}
+    return _run_oracle(dataclasses.replace(settings, **changes), args.out, args.no_progress)
 
-    table: dict = {}
-    if args.config:
-        with open(args.config, "rb") as f:
-            raw = tomllib.load(f)
-        extra = sorted(set(raw) - {"oracle", "name", "description"})
-        if extra or "oracle" not in raw:
-            raise ValueError(f"{args.config}: an oracle config has one [oracle] table "
-                             f"(and name, description); got {sorted(raw)}")  # fmt: skip
-        table = dict(raw["oracle"])
-    for key, value in (("seed", args.seed), ("threads", args.threads)):
-        if value is not None:
-            table[key] = value
-    settings = OracleSettings.from_table(table, quick=args.quick)
-    summary = run_oracle(settings, args.out, progress=not args.no_progress)
+
+def _run_oracle(settings, out: str, no_progress: bool) -> int:
+    from .oracle import run_oracle
+
+    summary = run_oracle(settings, out, progress=not no_progress)
     print("Spearman with the oracle (layer-averaged, 95% interval over pairs):")
     for key, entry in summary["methods"].items():
         v = entry["layer_average"]
         print(f"  {key:<22} {v['spearman']:6.2f}  [{v['ci_low']:.2f}, {v['ci_high']:.2f}]")
-    print(f"oracle finished in {summary['seconds']} s; report: {Path(args.out) / 'report.html'}")
+    print(f"oracle finished in {summary['seconds']} s; report: {Path(out) / 'report.html'}")
     return 0
 
 
@@ -182,7 +177,15 @@ def _report(out: str, quiet: bool = False) -> None:
 
 def _cmd_run(args: argparse.Namespace) -> int:
     from .experiments import LocalExecutor, RayExecutor, load_config, preflight, run_experiment
+    from .oracle import is_oracle_config, load_oracle_config
 
+    if is_oracle_config(args.config):  # the oracle testbed as a config (issue 14)
+        settings = load_oracle_config(args.config)
+        if args.check:
+            print(f"{args.config}: valid oracle config ({len(settings.families)} families x "
+                  f"{len(settings.seeds)} seeds, points {', '.join(settings.points)})")  # fmt: skip
+            return 0
+        return _run_oracle(settings, args.out, args.no_progress)
     exp = load_config(args.config)  # checked completely before anything runs
     preflight(exp)  # data folders, variables, device: what the run would check first
     if args.check:

@@ -53,6 +53,8 @@ __all__ = [
     "spearman",
     "bootstrap_spearman",
     "run_oracle",
+    "load_oracle_config",
+    "is_oracle_config",
 ]
 
 log = logging.getLogger("stitchlab.oracle")
@@ -268,6 +270,28 @@ class OracleSettings:
         if unknown:
             raise ValueError(f"unknown [oracle] keys {unknown}; valid: {sorted(names)}")
         return cls.quick(**table) if quick else cls(**table)
+
+
+def is_oracle_config(path: str | Path) -> bool:
+    """True when the TOML file at ``path`` is an oracle config (it has an ``[oracle]`` table)."""
+    import tomllib
+
+    with open(path, "rb") as f:
+        return "oracle" in tomllib.load(f)
+
+
+def load_oracle_config(path: str | Path, quick: bool = False) -> OracleSettings:
+    """The settings of an oracle config: one ``[oracle]`` table (every key a field of
+    :class:`OracleSettings`), plus ``name`` and ``description``."""
+    import tomllib
+
+    with open(path, "rb") as f:
+        raw = tomllib.load(f)
+    extra = sorted(set(raw) - {"oracle", "name", "description"})
+    if extra or "oracle" not in raw:
+        raise ValueError(f"{path}: an oracle config has one [oracle] table (and name, "
+                         f"description); got {sorted(raw)}")  # fmt: skip
+    return OracleSettings.from_table(dict(raw["oracle"]), quick=quick)
 
 
 def _network_name(cues: Sequence[str], seed: int) -> str:
