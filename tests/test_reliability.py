@@ -61,17 +61,19 @@ def _umask():
 def test_lock_makes_a_second_writer_wait_then_reuse(tmp_path):
     result = tmp_path / "result.json"
     order = []
+    holding = threading.Event()
 
     def first():
         with lock(tmp_path / ".lock"):
             order.append("first in")
+            holding.set()  # the second writer starts only once the lock is held
             time.sleep(0.4)
             write_json(result, {"v": 1})
             order.append("first out")
 
     t = threading.Thread(target=first)
     t.start()
-    time.sleep(0.1)
+    assert holding.wait(30)
     t0 = time.monotonic()
     with lock(tmp_path / ".lock"):
         waited = time.monotonic() - t0
