@@ -89,10 +89,6 @@ class ActivationCache:
             yield self.activations[idx], {k: v[idx] for k, v in self.targets.items()}
 
 
-def _nbytes_per_sample(t: Tensor) -> int:
-    return t[0].numel() * t.element_size()
-
-
 class StitchingSet:
     """The training set of one protocol for one :class:`~stitchlab.stitcher.Stitcher`,
     with the IRI quality and the activations cached on it so far.

@@ -133,8 +133,11 @@ def reliance_profile(
 
 def conflict_agreement(model_a: nn.Module, model_b: nn.Module, conflict: Tensor) -> float:
     """Percent of cue-conflict images on which the two networks predict the same class."""
-    return float((_predictions(model_a, conflict) == _predictions(model_b, conflict))
-                 .double().mean() * 100)  # fmt: skip
+    return _agreement_of(_predictions(model_a, conflict), _predictions(model_b, conflict))
+
+
+def _agreement_of(pred_a: Tensor, pred_b: Tensor) -> float:
+    return float((pred_a == pred_b).double().mean() * 100)
 
 
 def profile_overlap(a: dict[str, float], b: dict[str, float], num_classes: int = 10) -> float:
@@ -331,6 +334,7 @@ def run_oracle(settings: OracleSettings, out: str | Path, *, progress: bool = Tr
     from .experiments.config import stable_hash
     from .experiments.jobs import threads
     from .experiments.tables import write_csv
+    from .iris import generate_iris_set
 
     out = Path(out)
     store = out / "store"
@@ -359,8 +363,20 @@ def run_oracle(settings: OracleSettings, out: str | Path, *, progress: bool = Tr
         pairs = [(a, b) for a in names for b in names]
         rows: list[dict[str, Any]] = []
         bar = _bar(progress, len(pairs) * len(settings.points), "oracle pairs")
+        # each network's conflict predictions and IRI sets once, not once per pair
+        conflict_pred = {name: _predictions(m, conflict) for name, m in nets.items()}
+        iri_sets: dict[tuple[str, str], Any] = {}
+
+        def iris_of(front: str, point: str):
+            if (front, point) not in iri_sets:
+                iri_sets[front, point] = generate_iris_set(
+                    nets[front], point, stitching, store / "iris", steps=settings.iri_steps,
+                    threshold=10.0, min_null_ratio=0.0,
+                )  # fmt: skip
+            return iri_sets[front, point]
+
         for front, back in pairs:
-            oracle = conflict_agreement(nets[front], nets[back], conflict)
+            oracle = _agreement_of(conflict_pred[front], conflict_pred[back])
             overlap = profile_overlap(profiles[front], profiles[back])
             for point in settings.points:
                 path = store / "pairs" / f"{front}__{back}__{point}-{pair_key}.json"
@@ -368,7 +384,7 @@ def run_oracle(settings: OracleSettings, out: str | Path, *, progress: bool = Tr
                     cell = read_json(path)["rows"]
                 else:
                     cell = _grade(settings, nets[front], nets[back], point, stitching,
-                                  aligned_test, store)  # fmt: skip
+                                  aligned_test, iris_of(front, point))  # fmt: skip
                     write_json(path, {"rows": cell})
                 for r in cell:
                     rows.append({"front": front, "back": back, "self": front == back,
@@ -397,22 +413,20 @@ def _bar(progress: bool, total: int, desc: str):
     return tqdm(total=total, desc=desc, leave=False)
 
 
-def _grade(settings, front, back, point, stitching, test, store) -> list[dict[str, Any]]:
+def _grade(settings, front, back, point, stitching, test, iris) -> list[dict[str, Any]]:
     """Every method's score for one (front, back, point): stitching under each protocol and
-    objective (agreement with the back on aligned test data) and linear CKA."""
+    objective (agreement with the back on aligned test data) and linear CKA. ``iris``: the
+    front's IRIs of the stitching images at ``point`` (the IRI protocol, CKA on IRIs)."""
+    from ._data import predict
     from .evaluation import evaluate
     from .fit import TrainingConfig
-    from .iris import generate_iris_set
     from .metrics import cka
     from .protocols import InvarianceAware, Standard
-    from .splitting import split
     from .stitcher import Stitcher
 
     rows: list[dict[str, Any]] = []
     st = Stitcher(front, back, point)
-    # the front's IRIs of the stitching images (the IRI protocol, and CKA on IRIs)
-    iris = generate_iris_set(front, point, stitching, store / "iris", steps=settings.iri_steps,
-                             threshold=10.0, min_null_ratio=0.0)  # fmt: skip
+    reference = predict(st.back_model, test)[0]  # the back's logits, once for every run
     cfg = TrainingConfig(epochs=settings.stitch_epochs, batch_size=settings.stitch_batch_size,
                          lr=settings.stitch_lr, init_samples=settings.n_init)  # fmt: skip
     init = st.initialise(stitching, samples=settings.n_init)
@@ -424,14 +438,13 @@ def _grade(settings, front, back, point, stitching, test, store) -> list[dict[st
         for objective in settings.objectives:
             model = st.fit(objective, sset, init=init, settings=cfg)
             rows.append({"method": "stitch", "protocol": protocol, "objective": objective,
-                         "score": evaluate(model, test, back)["agreement"],
+                         "score": evaluate(model, test, reference)["agreement"],
                          "iri_median_error": iris.quality.median_error
                          if protocol == "iris" else None})  # fmt: skip
-    f_front, _ = split(front, point)
-    f_back, _ = split(back, point)
     for data_name, images in (("test", test[0]), ("iris", iris.images())):
-        with torch.no_grad():
-            fa, fb = f_front(images).flatten(1), f_back(images).flatten(1)
+        with torch.no_grad():  # the Stitcher's own halves: nothing traced twice
+            fa = st.front_prefix(images).flatten(1)
+            fb = st.back_prefix(images).flatten(1)
         rows.append({"method": "cka", "protocol": data_name, "objective": "",
                      "score": 100.0 * cka(fa, fb), "iri_median_error": None})  # fmt: skip
     return rows

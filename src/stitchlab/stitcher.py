@@ -149,6 +149,16 @@ class Stitcher:
             f"{type(self.back_model).__name__} at {self.back_point!r}, {self.device})"
         )
 
+    @property
+    def front_prefix(self) -> nn.Module:
+        """The frozen front cut at ``point``: images -> the front's activation."""
+        return self._front
+
+    @property
+    def back_prefix(self) -> nn.Module:
+        """The frozen back cut at ``back_point``: images -> the back's activation."""
+        return self._back_prefix
+
     # ------------------------------------------------------------------ set up
 
     def setup(self, data: DataLike) -> tuple[ActivationSpec, ActivationSpec]:

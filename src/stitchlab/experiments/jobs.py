@@ -429,17 +429,16 @@ class _Shared:
 
     def training_set(self, run: StitchRun):
         """The StitchingSet of ``run``'s protocol (the previous protocol's is released)."""
-        from ..iris import MIN_NULL_RATIO, THRESHOLD, IRISet
+        from ..iris import IRISet
         from ..protocols import InvarianceAware, Standard
 
         key = run.iris_path or run.protocol
         if key not in self._sets:
-            iris = self.ctx.exp["iris"]
+            _, threshold, min_ratio = _iris_options(self.ctx.exp)
             protocol = (
                 InvarianceAware(
                     iris=IRISet(run.iris_path), branches=self.ctx.exp["stitch"]["iris_branches"],
-                    threshold=float(iris.get("threshold", THRESHOLD)),
-                    min_null_ratio=float(iris.get("min_null_ratio", MIN_NULL_RATIO)),
+                    threshold=threshold, min_null_ratio=min_ratio,
                     allow_flagged=True,  # flagged sets are run and marked in the table
                 )  # fmt: skip
                 if run.protocol == "iris"
