@@ -33,6 +33,11 @@ EXAMPLES = {
     "stitchlab iris /tmp/m/model.safetensors blocks.1 --cache /tmp/iris --preset paper\n  "
     "stitchlab iris small_cnn blocks.1 --cache /tmp/iris --random-init",
     "train": "stitchlab train --model small_cnn --data shapes --recipe fast --out /tmp/m",
+    "compare": "stitchlab compare timm:resnet18 torchvision:resnet18 --front-weights a.safetensors "
+    "--back-weights b.pth --data my_images/ --out runs/cmp\n  "
+    "stitchlab compare runs/a/store/models/seed1-*/model.safetensors "
+    "runs/a/store/models/back-*/model.safetensors --data data/cifar10 --out runs/cmp --quick\n  "
+    "stitchlab compare m1.safetensors m2.safetensors --data images.npz --points grid --out g",
 }
 
 
@@ -145,6 +150,47 @@ def _run_oracle(settings, out: str, no_progress: bool) -> int:
     return 0
 
 
+def _cmd_compare(args: argparse.Namespace) -> int:
+    from .compare import CompareSettings, load_compare_config
+
+    if args.config:
+        settings = load_compare_config(args.config, quick=args.quick)
+    else:
+        if not (args.front and args.back and args.data):
+            raise ValueError("give FRONT, BACK and --data (or --config FILE with a [compare] "
+                             "table)")  # fmt: skip
+        given = {k: getattr(args, k) for k in _COMPARE_ARGS if getattr(args, k) is not None}
+        if args.points is not None:
+            given["points"] = args.points[0] if args.points in (["grid"], ["depth"]) \
+                else tuple(args.points)
+        given["random_init"] = args.random_init
+        settings = (CompareSettings.quick if args.quick else CompareSettings)(
+            front=args.front, back=args.back, data=args.data, **given)
+    return _run_compare(settings, args.out, args.store, args.no_progress)
+
+
+_COMPARE_ARGS = ("front_weights", "back_weights", "front_num_classes", "back_num_classes",
+                 "front_size", "back_size", "front_mean", "front_std", "back_mean", "back_std",
+                 "image_size", "test_fraction", "n_points", "objectives", "protocols", "seeds",
+                 "null_seeds", "n_stitch", "n_test", "n_init", "epochs", "lr", "iri_steps",
+                 "device")  # fmt: skip
+
+
+def _run_compare(settings, out: str, store: str | None, no_progress: bool) -> int:
+    from .compare import run_compare
+
+    df = run_compare(settings, out, store=store, progress=not no_progress)
+    print("agreement with the back (%) [interval]; null: random front; excess over the null")
+    for r in df.itertuples():
+        null = "" if r.null_agreement != r.null_agreement else (
+            f"  null {r.null_agreement:5.1f}  excess {r.excess_over_null:+6.1f} "
+            f"[{r.excess_ci_low:+.1f}, {r.excess_ci_high:+.1f}]")
+        print(f"  {r.front_point:>12} -> {r.back_point:<12} {r.objective:<4} {r.protocol:<8} "
+              f"{r.agreement:5.1f} [{r.agreement_ci_low:5.1f}, {r.agreement_ci_high:5.1f}]{null}")
+    print(f"report: {Path(out) / 'report.html'}")
+    return 0
+
+
 def _print_finding(table: Path) -> None:
     """Layer-averaged agreement per pair, objective and protocol (the demo's finding)."""
     rows = list(csv.DictReader(table.open()))
@@ -176,9 +222,17 @@ def _report(out: str, quiet: bool = False) -> None:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
+    from .compare import is_compare_config, load_compare_config
     from .experiments import LocalExecutor, RayExecutor, load_config, preflight, run_experiment
     from .oracle import is_oracle_config, load_oracle_config
 
+    if is_compare_config(args.config):  # a comparison of two models as a config (issue 15)
+        settings = load_compare_config(args.config)
+        if args.check:
+            print(f"{args.config}: valid compare config ({settings.front} -> {settings.back} "
+                  f"on {settings.data})")  # fmt: skip
+            return 0
+        return _run_compare(settings, args.out, args.store, args.no_progress)
     if is_oracle_config(args.config):  # the oracle testbed as a config (issue 14)
         settings = load_oracle_config(args.config)
         if args.check:
@@ -348,6 +402,49 @@ def _parser() -> argparse.ArgumentParser:
     ora.add_argument("--threads", type=int, default=None)
     ora.add_argument("--no-progress", action="store_true")
     ora.set_defaults(func=_cmd_oracle)
+
+    cmp_ = add("compare", "How similar are two of your models? Stitch them at matched points, "
+               "with intervals and a random-front null.")
+    cmp_.add_argument("front", nargs="?", help="checkpoint, registry name, torchvision:NAME, "
+                      "timm:NAME or hf:FOLDER")  # fmt: skip
+    cmp_.add_argument("back", nargs="?", help="the same kinds as FRONT")
+    cmp_.add_argument("--data", help="image folder, CIFAR-10 folder, .npz, .safetensors or a "
+                      "Hugging Face datasets folder")  # fmt: skip
+    cmp_.add_argument("--out", required=True, help="output folder (tables, figures, report)")
+    cmp_.add_argument("--store", default=None, help="run store (default OUT/store)")
+    cmp_.add_argument("--config", default=None, help="a TOML file with a [compare] table")
+    cmp_.add_argument("--quick", action="store_true",
+                      help="a smoke test: 3 points, SLM, 1 seed, few images and steps")
+    for side in ("front", "back"):
+        cmp_.add_argument(f"--{side}-weights", default=None,
+                          help=f"weights of the {side} model (safetensors or a state dict)")
+        cmp_.add_argument(f"--{side}-num-classes", type=int, default=None,
+                          help="default: read from the weights")
+        cmp_.add_argument(f"--{side}-size", type=int, default=None,
+                          help=f"image side the {side} model reads (default: its own)")
+        cmp_.add_argument(f"--{side}-mean", type=float, nargs=3, default=None)
+        cmp_.add_argument(f"--{side}-std", type=float, nargs=3, default=None)
+    cmp_.add_argument("--image-size", type=int, default=None,
+                      help="resize (and centre-crop) the data's images to this side")
+    cmp_.add_argument("--test-fraction", type=float, default=None)
+    cmp_.add_argument("--points", nargs="+", default=None, metavar="POINT",
+                      help="'depth' (default), 'grid', or points: NAME or FRONT:BACK")
+    cmp_.add_argument("--n-points", type=int, default=None, help="points per model (5)")
+    cmp_.add_argument("--objectives", nargs="+", choices=OBJECTIVES, default=None)
+    cmp_.add_argument("--protocols", nargs="+", choices=("standard", "iris"), default=None)
+    cmp_.add_argument("--seeds", type=int, default=None, help="stitch seeds (3)")
+    cmp_.add_argument("--null-seeds", type=int, default=None,
+                      help="random fronts per cell (default: --seeds; 0: no null)")
+    cmp_.add_argument("--n-stitch", type=int, default=None, help="stitching images (2000)")
+    cmp_.add_argument("--n-test", type=int, default=None, help="test images (1000)")
+    cmp_.add_argument("--n-init", type=int, default=None)
+    cmp_.add_argument("--epochs", type=int, default=None, help="stitch epochs (6)")
+    cmp_.add_argument("--lr", type=float, default=None)
+    cmp_.add_argument("--iri-steps", type=int, default=None, help="IRI optimisation steps (200)")
+    cmp_.add_argument("--device", default=None, help="cpu (default), cuda, cuda:1, ...")
+    _add_random_init(cmp_)
+    cmp_.add_argument("--no-progress", action="store_true")
+    cmp_.set_defaults(func=_cmd_compare)
 
     run = add("run", "Run (or resume) an experiment config; then write its report.")
     run.add_argument("config", help="a TOML experiment config (see configs/)")

@@ -379,11 +379,15 @@ def _trace(
                 + (f"; {why}" if why else "")
             )
     # the input of the classifier head (timm `head`, torchvision `heads`, `classifier`, `fc`)
+    # (a wrapper that declares ``stitchlab_wraps = "net"``: the head of its ``net``, named
+    # ``net.pre_logits``)
+    wraps = getattr(model, "stitchlab_wraps", None)
+    prefix = f"{wraps}." if wraps else ""
     for head in _HEAD_NAMES:
-        head_in = tracer.module_inputs.get(head)
+        head_in = tracer.module_inputs.get(prefix + head)
         if head_in and len(head_in) == 1 and head_in[0] and isinstance(head_in[0][0], fx.Proxy):
             feats = head_in[0][0].node
-            named.append((position[feats], PRE_LOGITS, feats))
+            named.append((position[feats], prefix + PRE_LOGITS, feats))
             break
     seen_nodes: set[fx.Node] = set()
     problems: dict[fx.Node, str | None] = {}

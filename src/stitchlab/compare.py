@@ -1,0 +1,647 @@
+"""``stitchlab compare``: how functionally similar are two of *your* networks?
+
+Given two models (:mod:`stitchlab.models.sources`: checkpoints, registry names,
+``torchvision:``/``timm:`` architectures with local weights, ``hf:`` folders) and a data
+set (:mod:`stitchlab.data.user`), :func:`run_compare` stitches the front into the back at
+matched points, with every objective and protocol asked for, and scores each stitched
+model by its agreement with the back on held-out images.
+
+Every score comes with
+
+* an **interval**: a two-level bootstrap, over stitch seeds (``seeds`` runs that differ in
+  the least-squares subset and the training order) and over test images (the same image
+  resample for every seed), 95% percentile interval by default;
+* a **null**: the same back stitched from a *randomly initialised* front of the front's
+  architecture (the random-sender control of Smith et al. 2025), with the same objective,
+  protocol, point and settings (for the IRI protocol, on the random front's own IRIs). The
+  excess over the null, with its own paired bootstrap interval, says what the front's
+  training adds to what a stitch layer and the back achieve alone.
+
+SLM, DM and FuLA never need labels; HLM does and is skipped on unlabelled data (and so is
+accuracy). The IRIs of one front point are generated once (seed 0) and shared by every
+stitch seed: the interval does not include IRI-generation variability.
+
+Points: by default ``n_points`` stitch points of the front spread over its depth, each
+matched to the back point at the nearest relative depth (depth = (index + 1) / number of
+points); ``points=["a", "b:c"]`` names them (``b:c`` front point b into back point c);
+``points="grid"`` stitches every chosen front point into every chosen back point.
+
+Each run is stored (``store/compare/<key>.json``, keyed by both models' weights and input
+pipelines, the data, the points and every setting) as soon as it finishes, so an
+interrupted comparison resumes without losing finished runs; IRI sets are cached in
+``store/iris``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+from torch.utils.data import Dataset
+
+from .vocabulary import OBJECTIVES
+
+__all__ = [
+    "CompareSettings",
+    "run_compare",
+    "match_points",
+    "bootstrap_agreement",
+    "load_compare_config",
+    "is_compare_config",
+]
+
+log = logging.getLogger("stitchlab.compare")
+
+_VERSION = 1  # of the stored run format
+
+
+@dataclass(frozen=True)
+class CompareSettings:
+    """Everything a comparison depends on (a config's ``[compare]`` table has these keys).
+
+    ``front``/``back``: model sources; ``*_weights``: their weights files; ``*_size``,
+    ``*_mean``, ``*_std``: override a model's input pipeline; ``data``: the data path
+    (``image_size`` resizes its images, ``test_fraction`` splits a folder without
+    train/test folders). ``points``: ``"depth"``, ``"grid"`` or a list (see the module
+    docstring). ``null_seeds``: random fronts per cell (default: ``seeds``; 0 turns the
+    null off).
+    """
+
+    front: str
+    back: str
+    data: str
+    front_weights: str | None = None
+    back_weights: str | None = None
+    random_init: bool = False
+    front_num_classes: int | None = None
+    back_num_classes: int | None = None
+    front_size: int | None = None
+    back_size: int | None = None
+    front_mean: tuple[float, ...] | None = None
+    front_std: tuple[float, ...] | None = None
+    back_mean: tuple[float, ...] | None = None
+    back_std: tuple[float, ...] | None = None
+    image_size: int | None = None
+    test_fraction: float = 0.2
+    points: str | tuple[str, ...] = "depth"
+    n_points: int = 5
+    objectives: tuple[str, ...] = OBJECTIVES
+    protocols: tuple[str, ...] = ("standard", "iris")
+    seeds: int = 3
+    null_seeds: int | None = None
+    n_stitch: int = 2000
+    n_test: int = 1000
+    n_init: int = 500
+    epochs: int = 6
+    lr: float = 3e-3
+    batch_size: int = 128
+    iri_steps: int = 200
+    bootstrap: int = 1000
+    confidence: float = 0.95
+    data_seed: int = 0
+    device: str = "cpu"
+
+    @classmethod
+    def quick(cls, **overrides: Any) -> CompareSettings:
+        """A run of well under a minute on small models: 3 points, SLM, one seed and one
+        null, few images and steps (a smoke test of the whole pipeline, not a result)."""
+        base: dict[str, Any] = dict(
+            n_points=3, objectives=("slm",), seeds=1, null_seeds=1, n_stitch=128, n_test=128,
+            n_init=64, epochs=2, iri_steps=20, bootstrap=200,
+        )  # fmt: skip
+        return cls(**{**base, **overrides})
+
+    def __post_init__(self) -> None:
+        from ._checks import check_field_types
+
+        if isinstance(self.points, (list, tuple)):
+            object.__setattr__(self, "points", tuple(self.points))
+        for name in ("objectives", "protocols", "front_mean", "front_std", "back_mean",
+                     "back_std"):  # fmt: skip
+            v = getattr(self, name)
+            if v is not None:
+                object.__setattr__(self, name, tuple(v))
+        check_field_types(self, "compare")
+        bad = [o for o in self.objectives if o not in OBJECTIVES]
+        if bad or not self.objectives:
+            raise ValueError(f"objectives must be a non-empty subset of {OBJECTIVES}, got "
+                             f"{self.objectives}")  # fmt: skip
+        bad = [p for p in self.protocols if p not in ("standard", "iris")]
+        if bad or not self.protocols:
+            raise ValueError(f"protocols must be a non-empty subset of ('standard', 'iris'), "
+                             f"got {self.protocols}")  # fmt: skip
+        if isinstance(self.points, str) and self.points not in ("depth", "grid"):
+            raise ValueError(f"points must be 'depth', 'grid' or a list of point names, got "
+                             f"{self.points!r}")  # fmt: skip
+        for name in ("seeds", "n_points", "n_stitch", "n_test", "n_init", "bootstrap"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("epochs", "iri_steps"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.null_seeds is not None and self.null_seeds < 0:
+            raise ValueError(f"null_seeds must be >= 0, got {self.null_seeds}")
+        if not 0 < self.test_fraction < 1:
+            raise ValueError(f"test_fraction must be in (0, 1), got {self.test_fraction}")
+        if not 0.5 <= self.confidence < 1:
+            raise ValueError(f"confidence must be in [0.5, 1), got {self.confidence}")
+
+    @property
+    def nulls(self) -> int:
+        """Random fronts per cell."""
+        return self.seeds if self.null_seeds is None else self.null_seeds
+
+    @classmethod
+    def from_table(cls, table: dict[str, Any], base: Path | None = None,
+                   quick: bool = False) -> CompareSettings:  # fmt: skip
+        """From a config's ``[compare]`` table; relative paths are read from ``base``."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(table) - names)
+        if unknown:
+            raise ValueError(f"unknown [compare] keys {unknown}; valid: {sorted(names)}")
+        table = dict(table)
+        if base is not None:
+            for key in ("data", "front_weights", "back_weights", "front", "back"):
+                v = table.get(key)
+                if isinstance(v, str) and not v.startswith(("timm:", "torchvision:")):
+                    prefix = "hf:" if v.startswith("hf:") else ""
+                    p = Path(v[len(prefix):]).expanduser()
+                    if not p.is_absolute() and (base / p).exists():
+                        table[key] = prefix + str(base / p)
+        return cls.quick(**table) if quick else cls(**table)
+
+
+def is_compare_config(path: str | Path) -> bool:
+    """True when the TOML file at ``path`` has a ``[compare]`` table."""
+    import tomllib
+
+    with open(path, "rb") as f:
+        return "compare" in tomllib.load(f)
+
+
+def load_compare_config(path: str | Path, quick: bool = False) -> CompareSettings:
+    """The settings of a compare config: one ``[compare]`` table (plus ``name`` and
+    ``description``); environment variables in paths are expanded."""
+    import os
+    import tomllib
+
+    with open(path, "rb") as f:
+        raw = tomllib.load(f)
+    extra = sorted(set(raw) - {"compare", "name", "description"})
+    if extra or "compare" not in raw:
+        raise ValueError(f"{path}: a compare config has one [compare] table (and name, "
+                         f"description); got {sorted(raw)}")  # fmt: skip
+    table = {k: os.path.expandvars(v) if isinstance(v, str) else v
+             for k, v in raw["compare"].items()}  # fmt: skip
+    return CompareSettings.from_table(table, Path(path).resolve().parent, quick=quick)
+
+
+# ---------------------------------------------------------------------------
+# Points
+
+
+def _depths(points: Sequence[str]) -> list[float]:
+    n = len(points)
+    return [(i + 1) / n for i in range(n)]
+
+
+def _spread(points: Sequence[str], k: int) -> list[str]:
+    """``k`` points spread evenly over the depth (always the last one)."""
+    n = len(points)
+    if k >= n:
+        return list(points)
+    idx = sorted({round((j + 1) * n / k) - 1 for j in range(k)})
+    return [points[i] for i in idx]
+
+
+def match_points(
+    front_points: Sequence[str],
+    back_points: Sequence[str],
+    mode: str | Sequence[str] = "depth",
+    n_points: int = 5,
+) -> list[tuple[str, str]]:
+    """The ``(front point, back point)`` cells to stitch (see the module docstring).
+
+    ``depth``: ``n_points`` front points spread over the depth, each with the back point
+    of the nearest relative depth; ``grid``: ``n_points`` of each, every combination; a
+    list: ``"p"`` (the same name in both) or ``"p:q"``.
+    """
+    fd = dict(zip(front_points, _depths(front_points)))
+    bd = dict(zip(back_points, _depths(back_points)))
+    if mode == "grid":
+        return [(f, b) for f in _spread(front_points, n_points)
+                for b in _spread(back_points, n_points)]  # fmt: skip
+    if mode == "depth":
+        cells = []
+        for f in _spread(front_points, n_points):
+            b = min(back_points, key=lambda p: (abs(bd[p] - fd[f]), -bd[p]))
+            cells.append((f, b))
+        return cells
+    if isinstance(mode, str):
+        raise ValueError(f"points must be 'depth', 'grid' or a list, got {mode!r}")
+    cells = []
+    for item in mode:
+        f, _, b = item.partition(":")
+        b = b or f
+        for name, valid, side in ((f, front_points, "front"), (b, back_points, "back")):
+            if name not in valid:
+                import difflib
+
+                close = difflib.get_close_matches(name, valid, n=1)
+                hint = f" Did you mean {close[0]!r}?" if close else ""
+                raise ValueError(f"{name!r} is not a stitch point of the {side} model.{hint} "
+                                 f"Its points: {', '.join(valid)}")  # fmt: skip
+        cells.append((f, b))
+    return cells
+
+
+# ---------------------------------------------------------------------------
+# Intervals
+
+
+def bootstrap_agreement(
+    hits: np.ndarray,
+    null_hits: np.ndarray | None = None,
+    *,
+    reps: int = 1000,
+    confidence: float = 0.95,
+    seed: int = 0,
+) -> dict[str, float]:
+    """Mean agreement (%) of ``hits`` (seeds x test images, 1 where the stitched model
+    and the back agree) with a two-level percentile bootstrap interval: seeds drawn with
+    replacement, and one image resample shared by every seed. With ``null_hits`` (null
+    seeds x the same images) also the null's mean and interval and the excess over the
+    null, whose interval resamples the images jointly (paired) and the seeds of each
+    side independently."""
+    hits = np.asarray(hits, dtype=np.float64)
+    if hits.ndim != 2 or hits.shape[1] == 0:
+        raise ValueError(f"hits must be (seeds, images), got shape {hits.shape}")
+    rng = np.random.default_rng(seed)
+    n = hits.shape[1]
+    img = rng.integers(0, n, size=(reps, n))
+    alpha = (1 - confidence) / 2
+
+    def replicates(h: np.ndarray) -> np.ndarray:
+        per_seed = np.stack([row[img].mean(axis=1) for row in h])  # (seeds, reps)
+        pick = rng.integers(0, len(h), size=(reps, len(h)))
+        return 100 * per_seed[pick, np.arange(reps)[:, None]].mean(axis=1)
+
+    rep = replicates(hits)
+    out = {"agreement": 100 * float(hits.mean()),
+           "agreement_ci_low": float(np.quantile(rep, alpha)),
+           "agreement_ci_high": float(np.quantile(rep, 1 - alpha)),
+           "agreement_seed_std": float(100 * hits.mean(axis=1).std(ddof=1))
+           if len(hits) > 1 else float("nan")}  # fmt: skip
+    if null_hits is not None and len(null_hits):
+        null_hits = np.asarray(null_hits, dtype=np.float64)
+        if null_hits.shape[1] != n:
+            raise ValueError("null_hits must be on the same test images as hits")
+        nrep = replicates(null_hits)
+        diff = rep - nrep
+        null = 100 * float(null_hits.mean())
+        out |= {"null_agreement": null,
+                "null_ci_low": float(np.quantile(nrep, alpha)),
+                "null_ci_high": float(np.quantile(nrep, 1 - alpha)),
+                "excess_over_null": out["agreement"] - null,
+                "excess_ci_low": float(np.quantile(diff, alpha)),
+                "excess_ci_high": float(np.quantile(diff, 1 - alpha))}  # fmt: skip
+    return out
+
+
+# ---------------------------------------------------------------------------
+# The run
+
+
+@dataclass
+class _Side:
+    source: Any  # ModelSource
+    model: nn.Module  # behind its input pipeline
+    points: list[str]  # the model's own point names
+    fingerprint: str
+
+
+@dataclass
+class _Plan:
+    cells: list[tuple[str, str]]
+    runs: list[dict[str, Any]] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+
+
+class _Unlabelled(Dataset):
+    """Labels -1 shown as 0 (the stitching code checks labels; nothing here reads them)."""
+
+    def __init__(self, inner: Dataset) -> None:
+        self.inner = inner
+
+    def __len__(self) -> int:
+        return len(self.inner)  # type: ignore[arg-type]
+
+    def __getitem__(self, i: int):
+        x, _ = self.inner[i]
+        return x, 0
+
+
+def _side(source, data_size, size, mean, std) -> _Side:
+    from .iris import model_fingerprint
+    from .models.sources import WithInput
+
+    spec = source.input.replace(size=size, mean=mean, std=std)
+    source.input = spec
+    points = source.points()
+    model = WithInput(source.model, spec, data_size, points).eval()
+    return _Side(source, model, points, model_fingerprint(model))
+
+
+def _key(obj: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:20]
+
+
+def _pack(hits: Tensor) -> str:
+    return np.packbits(hits.numpy().astype(np.uint8)).tobytes().hex()
+
+
+def _unpack(s: str, n: int) -> np.ndarray:
+    return np.unpackbits(np.frombuffer(bytes.fromhex(s), dtype=np.uint8))[:n]
+
+
+def run_compare(
+    settings: CompareSettings,
+    out: str | Path,
+    *,
+    store: str | Path | None = None,
+    progress: bool = True,
+    echo: Callable[[str], None] = print,
+):
+    """Run (or resume) a comparison; write ``results.csv``, ``results.parquet``,
+    ``runs.csv``, ``summary.json``, figures and ``report.html`` under ``out``. Returns
+    the results table (a pandas DataFrame, one row per front point, back point,
+    objective and protocol)."""
+    from .data.fingerprint import fingerprint
+    from .data.user import load_user_data
+    from .models.sources import load_model_source
+
+    t0 = time.time()
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    store = Path(store) if store is not None else out / "store"
+    s = settings
+    data = load_user_data(s.data, size=s.image_size, test_fraction=s.test_fraction,
+                          seed=s.data_seed, n_stitch=s.n_stitch, n_test=s.n_test)  # fmt: skip
+    stitch_set, test_set = data.stitch, data.test
+    if not data.labelled:
+        stitch_set, test_set = _Unlabelled(stitch_set), _Unlabelled(test_set)
+    objectives = list(s.objectives)
+    plan_skipped = []
+    if not data.labelled and "hlm" in objectives:
+        objectives.remove("hlm")
+        plan_skipped.append("HLM: the data has no labels (SLM, DM and FuLA need none).")
+        if not objectives:
+            raise ValueError("the data has no labels and HLM was the only objective: choose "
+                             "slm, dm or fula.")  # fmt: skip
+    front = _side(load_model_source(s.front, s.front_weights, random_init=s.random_init,
+                                    num_classes=s.front_num_classes),
+                  data.image_size, s.front_size, s.front_mean, s.front_std)  # fmt: skip
+    back = _side(load_model_source(s.back, s.back_weights, random_init=s.random_init,
+                                   num_classes=s.back_num_classes),
+                 data.image_size, s.back_size, s.back_mean, s.back_std)  # fmt: skip
+    if data.labelled and data.num_classes and data.num_classes > back.source.num_classes:
+        raise ValueError(
+            f"the data has {data.num_classes} classes and the back model "
+            f"{back.source.num_classes} outputs; compare on data of the back's classes."
+        )
+    mode = s.points if isinstance(s.points, str) else list(s.points)
+    cells = match_points(front.points, back.points, mode, s.n_points)
+    data_key = {"stitch": fingerprint(data.stitch), "test": fingerprint(data.test)}
+    common = {"v": _VERSION, "front": front.fingerprint, "back": back.fingerprint,
+              "data": data_key, "n_init": s.n_init, "epochs": s.epochs, "lr": s.lr,
+              "batch_size": s.batch_size, "iri_steps": s.iri_steps}  # fmt: skip
+    runs = []
+    for f, b in cells:
+        for protocol in s.protocols:
+            for objective in objectives:
+                for null, count in ((False, s.seeds), (True, s.nulls)):
+                    for seed in range(count):
+                        spec = {"front_point": f, "back_point": b, "protocol": protocol,
+                                "objective": objective, "null": null, "seed": seed}  # fmt: skip
+                        runs.append(spec | {"key": _key(common | spec)})
+    todo = [r for r in runs if not (store / "compare" / f"{r['key']}.json").exists()]
+    echo(_plan_text(s, data, front, back, cells, objectives, runs, todo,
+                    _estimate(s, front, back, data.image_size, cells, todo)))  # fmt: skip
+    reference = _back_logits(back.model, test_set, s.device)
+    _execute(s, front, back, stitch_set, test_set, reference, todo, store, progress)
+    rows = _aggregate(s, front, back, data, runs, store, reference)
+    _write(out, s, data, front, back, rows, runs, store, plan_skipped, time.time() - t0)
+    import pandas as pd
+
+    return pd.DataFrame(rows)
+
+
+def _plan_text(s, data, front, back, cells, objectives, runs, todo, estimate) -> str:
+    lines = [
+        f"front: {front.source.describe()}", f"  input: {front.source.input}",
+        f"back:  {back.source.describe()}", f"  input: {back.source.input}",
+        f"data:  {data.kind} {data.source}: {len(data.stitch)} stitching, {len(data.test)} "
+        f"test images {data.image_size[0]}x{data.image_size[1]}, "
+        f"{'labelled' if data.labelled else 'unlabelled'} ({data.split})",
+        f"cells: {', '.join(f'{a}->{b}' for a, b in cells)}",
+        f"runs:  {len(runs)} = {len(cells)} cells x {len(s.protocols)} protocols x "
+        f"{len(objectives)} objectives x ({s.seeds} seeds + {s.nulls} null fronts); "
+        f"{len(runs) - len(todo)} already stored",
+        f"estimate: {estimate}",
+    ]  # fmt: skip
+    return "\n".join(lines)
+
+
+def _timed(model: nn.Module, x: Tensor) -> float:
+    """Seconds per image of one forward and backward pass (after a warm-up)."""
+    x = x.clone().requires_grad_(True)
+    best = float("inf")
+    for _ in range(3):  # the fastest of three (the first pays for allocation)
+        t = time.perf_counter()
+        model(x).sum().backward()
+        best = min(best, time.perf_counter() - t)
+    return best / len(x)
+
+
+def _estimate(s, front, back, size, cells, todo) -> str:
+    """A rough time from one timed batch of each model (IRIs, stitch training, tests)."""
+    if not todo:
+        return "nothing to compute"
+    x = torch.rand(8, 3, *size, device=s.device)
+    try:
+        tf, tb = _timed(front.model, x), _timed(back.model, x)
+    except Exception as exc:  # the real run will report it properly
+        return f"not available ({type(exc).__name__})"
+    fronts = {(r["front_point"], r["null"], r["seed"] if r["null"] else 0)
+              for r in todo if r["protocol"] == "iris"}  # fmt: skip
+    iris = len(fronts) * s.iri_steps * s.n_stitch * tf
+    fits = len(todo) * (s.epochs * s.n_stitch * (tb + tf / 3) + s.n_test * (tf + tb) / 3)
+    total = iris + fits
+    return (f"about {_duration(total)} (IRIs {_duration(iris)}, stitching "
+            f"{_duration(fits)}; from one timed batch, often off by 2x)")  # fmt: skip
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min"
+
+
+def _back_logits(model: nn.Module, test: Dataset, device: str) -> Tensor:
+    from ._data import predict
+
+    model.to(device)
+    with torch.no_grad():
+        return predict(model, test, device=torch.device(device))[0]
+
+
+def _execute(s, front, back, stitch_set, test_set, reference, todo, store, progress) -> None:
+    """Compute the missing runs, one Stitcher per (front model, cell), storing each run
+    as soon as it is done."""
+    from ._data import predict
+    from .fit import TrainingConfig
+    from .iris import IRIRecipe
+    from .protocols import InvarianceAware, Standard
+    from .stitcher import Stitcher
+    from .store import write_json
+
+    if not todo:
+        return
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(todo), desc="stitch runs", leave=False)
+    recipe = IRIRecipe(steps=s.iri_steps)
+    groups: dict[tuple, list[dict]] = {}
+    for r in todo:
+        groups.setdefault((r["front_point"], r["back_point"], r["null"],
+                           r["seed"] if r["null"] else -1), []).append(r)  # fmt: skip
+    random_fronts: dict[int, nn.Module] = {}
+    for (f, b, null, null_seed), group in groups.items():
+        if null:
+            if null_seed not in random_fronts:
+                from .models.sources import WithInput
+
+                net = front.source.random_twin(10_000 + null_seed)
+                size = _size_of(stitch_set)
+                random_fronts[null_seed] = WithInput(net, front.source.input, size,
+                                                     front.points).eval()  # fmt: skip
+            front_model = random_fronts[null_seed]
+        else:
+            front_model = front.model
+        st = Stitcher(front_model, back.model, f"net.{f}", f"net.{b}", device=s.device)
+        sets = {}
+        for r in sorted(group, key=lambda r: (r["protocol"], r["seed"])):
+            if r["protocol"] not in sets:
+                proto = Standard() if r["protocol"] == "standard" else InvarianceAware(
+                    cache=str(store / "iris"), recipe=recipe, allow_flagged=True)
+                sets[r["protocol"]] = st.collect(stitch_set, proto)
+            sset = sets[r["protocol"]]
+            seed = r["seed"]
+            init = st.initialise(stitch_set, samples=s.n_init, seed=seed)
+            cfg = TrainingConfig(epochs=s.epochs, lr=s.lr, batch_size=s.batch_size,
+                                 init_samples=s.n_init, seed=seed, device=s.device)  # fmt: skip
+            t = time.time()
+            model = st.fit(r["objective"], sset, init=init, settings=cfg)
+            with torch.no_grad():
+                logits, labels = predict(model, test_set, device=torch.device(s.device))
+            hits = logits.argmax(1) == reference.argmax(1)
+            q = sset.iri_quality
+            write_json(store / "compare" / f"{r['key']}.json", {
+                "run": {k: v for k, v in r.items() if k != "key"},
+                "hits": _pack(hits), "n": len(hits),
+                "accuracy": 100 * float((logits.argmax(1) == labels).float().mean()),
+                "iri_median_error": None if q is None else q.median_error,
+                "iri_null_ratio": None if q is None else q.null_ratio,
+                "iri_flagged": None if q is None else bool(q.flagged),
+                "init_residual": model.record.init_residual,
+                "seconds": round(time.time() - t, 2),
+            })  # fmt: skip
+            if bar is not None:
+                bar.update(1)
+    if bar is not None:
+        bar.close()
+
+
+def _size_of(dataset: Dataset) -> tuple[int, int]:
+    x = dataset[0][0]
+    return int(x.shape[-2]), int(x.shape[-1])
+
+
+def _aggregate(s, front, back, data, runs, store, reference) -> list[dict[str, Any]]:
+    from .store import read_json
+
+    fd = dict(zip(front.points, _depths(front.points)))
+    bd = dict(zip(back.points, _depths(back.points)))
+    entries = {r["key"]: read_json(store / "compare" / f"{r['key']}.json") for r in runs}
+    cells: dict[tuple, dict[str, list]] = {}
+    for r in runs:
+        cell = cells.setdefault((r["front_point"], r["back_point"], r["objective"],
+                                 r["protocol"]), {"real": [], "null": []})  # fmt: skip
+        cell["null" if r["null"] else "real"].append(entries[r["key"]])
+    rows = []
+    for (f, b, objective, protocol), cell in cells.items():
+        real, null = cell["real"], cell["null"]
+        hits = np.stack([_unpack(e["hits"], e["n"]) for e in real])
+        null_hits = np.stack([_unpack(e["hits"], e["n"]) for e in null]) if null else None
+        stats = bootstrap_agreement(hits, null_hits, reps=s.bootstrap,
+                                    confidence=s.confidence, seed=s.data_seed)  # fmt: skip
+        if null_hits is None:
+            stats |= {k: float("nan") for k in ("null_agreement", "null_ci_low", "null_ci_high",
+                                                 "excess_over_null", "excess_ci_low",
+                                                 "excess_ci_high")}  # fmt: skip
+
+        def mean_of(key, entries=real):
+            vals = [e[key] for e in entries if e.get(key) is not None]
+            return float(np.mean(vals)) if vals else float("nan")
+
+        rows.append({
+            "front_point": f, "back_point": b, "front_depth": round(fd[f], 4),
+            "back_depth": round(bd[b], 4), "objective": objective, "protocol": protocol,
+            **stats, "seeds": len(real), "null_seeds": len(null), "n_test": int(hits.shape[1]),
+            "accuracy": mean_of("accuracy") if data.labelled else float("nan"),
+            "iri_median_error": mean_of("iri_median_error"),
+            "iri_null_ratio": mean_of("iri_null_ratio"),
+            "iri_flagged": any(bool(e.get("iri_flagged")) for e in real),
+            "null_iri_median_error": mean_of("iri_median_error", null),
+            "seconds": round(sum(e["seconds"] for e in real + null), 1),
+        })  # fmt: skip
+    return rows
+
+
+def _write(out, s, data, front, back, rows, runs, store, skipped, seconds) -> None:
+    import pandas as pd
+
+    from .store import read_json, write_json, write_text
+
+    df = pd.DataFrame(rows)
+    write_text(out / "results.csv", df.to_csv(index=False))
+    df.to_parquet(out / "results.parquet", index=False)
+    per_run = [read_json(store / "compare" / f"{r['key']}.json") for r in runs]
+    run_rows = [e["run"] | {k: e[k] for k in ("accuracy", "iri_median_error", "iri_flagged",
+                                               "init_residual", "seconds")}
+                | {"agreement": 100 * float(_unpack(e["hits"], e["n"]).mean())}
+                for e in per_run]  # fmt: skip
+    write_text(out / "runs.csv", pd.DataFrame(run_rows).to_csv(index=False))
+    summary = {
+        "front": front.source.describe(), "back": back.source.describe(),
+        "front_input": str(front.source.input), "back_input": str(back.source.input),
+        "data": {"kind": data.kind, "source": data.source, "split": data.split,
+                 "stitch": len(data.stitch), "test": len(data.test),
+                 "labelled": data.labelled},
+        "settings": dataclasses.asdict(s), "skipped": skipped,
+        "seconds": round(seconds, 1),
+    }  # fmt: skip
+    write_json(out / "summary.json", summary)
+    from .report.compare import write_compare_report
+
+    write_compare_report(out, df, summary, grid=s.points == "grid")

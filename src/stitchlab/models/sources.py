@@ -1,0 +1,343 @@
+"""Models named by the user, each behind its own input pipeline.
+
+A *model source* is what ``stitchlab compare`` reads as FRONT or BACK:
+
+=====================  ===================================================================
+``PATH``               a stitchlab checkpoint (``stitchlab train`` writes one)
+``NAME``               a registry architecture (:func:`stitchlab.models.list_models`)
+``torchvision:NAME``   a torchvision architecture
+``timm:NAME``          a timm architecture
+``hf:FOLDER``          a Hugging Face ``transformers`` image classifier saved with
+                       ``save_pretrained`` (needs the optional ``transformers`` package)
+=====================  ===================================================================
+
+Weights come from local files only (safetensors, or a PyTorch state dict read with
+``weights_only=True``; timm's and torchvision's checkpoint files as those libraries save
+them). Nothing is downloaded. A name without weights is an error unless ``random_init``
+is given, so a random network is never compared by accident. The number of classes is read
+from the weights (the classifier's shape) unless given.
+
+Every model reads images in [0, 1] at the data's size. :class:`InputSpec` is its own
+pipeline, applied inside :class:`WithInput`: a bilinear (antialiased) resize to the size it
+expects, then ``(x - mean) / std``. The pipeline comes from the model (timm's pretrained
+config, torchvision's weight transforms, the Hugging Face image processor's config;
+stitchlab's own models read [0, 1] pixels unnormalised) or from the caller. Because the
+pipeline is part of the traced network, IRIs live in the shared [0, 1] pixel space and each
+model sees them through its own resize and normalisation. torchvision's transforms resize
+the shorter side and then crop; here the whole image is resized to the crop size (the data
+is expected to be framed already).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .checkpoint import CheckpointError
+
+__all__ = ["InputSpec", "WithInput", "ModelSource", "load_model_source", "IMAGENET_MEAN",
+           "IMAGENET_STD"]  # fmt: skip
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+_PROBE_CLASSES = 977  # an unlikely class count, to find the classifier's tensors
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    """How a model reads an image: the ``(H, W)`` it expects (None: the data's own size)
+    and the per-channel normalisation applied to [0, 1] pixels."""
+
+    size: tuple[int, int] | None = None
+    mean: tuple[float, ...] = (0.0, 0.0, 0.0)
+    std: tuple[float, ...] = (1.0, 1.0, 1.0)
+    source: str = "stitchlab: [0, 1] pixels, no normalisation"
+
+    def __post_init__(self) -> None:
+        if self.size is not None:
+            size = tuple(int(s) for s in self.size)
+            if len(size) != 2 or min(size) < 1:
+                raise ValueError(f"an input size is (height, width) >= 1, got {self.size}")
+            object.__setattr__(self, "size", size)
+        mean = tuple(float(m) for m in self.mean)
+        std = tuple(float(s) for s in self.std)
+        if len(mean) != len(std) or not mean:
+            raise ValueError(f"mean {mean} and std {std} need one value per channel")
+        if min(std) <= 0:
+            raise ValueError(f"std must be > 0, got {std}")
+        object.__setattr__(self, "mean", mean)
+        object.__setattr__(self, "std", std)
+
+    def replace(
+        self,
+        size: int | Sequence[int] | None = None,
+        mean: Sequence[float] | None = None,
+        std: Sequence[float] | None = None,
+    ) -> InputSpec:
+        """This spec with the given parts overridden (``size`` an int means square)."""
+        if size is None and mean is None and std is None:
+            return self
+        if isinstance(size, int):
+            size = (size, size)
+        return InputSpec(
+            size=tuple(size) if size is not None else self.size,  # type: ignore[arg-type]
+            mean=tuple(mean) if mean is not None else self.mean,
+            std=tuple(std) if std is not None else self.std,
+            source=f"{self.source}; overridden on the command line",
+        )
+
+    def __str__(self) -> str:
+        size = "the data's size" if self.size is None else f"{self.size[0]}x{self.size[1]}"
+        mean = ", ".join(f"{m:.3g}" for m in self.mean)
+        std = ", ".join(f"{s:.3g}" for s in self.std)
+        return f"{size}, mean ({mean}), std ({std}) [{self.source}]"
+
+
+class WithInput(nn.Module):
+    """``net`` behind its input pipeline: resize to ``spec.size`` (when the data's size
+    differs), then normalise. Stitch points are the net's, prefixed ``net.``."""
+
+    def __init__(
+        self,
+        net: nn.Module,
+        spec: InputSpec,
+        data_size: tuple[int, int],
+        points: Sequence[str],
+    ) -> None:
+        super().__init__()
+        self.net = net
+        self.size = spec.size
+        self.resize = spec.size is not None and tuple(spec.size) != tuple(data_size)
+        c = len(spec.mean)
+        self.register_buffer("mean", torch.tensor(spec.mean).view(1, c, 1, 1))
+        self.register_buffer("std", torch.tensor(spec.std).view(1, c, 1, 1))
+        self.stitchlab_points = [f"net.{p}" for p in points]
+        self.stitchlab_wraps = "net"  # its pre_logits point is net.pre_logits
+
+    def forward(self, x: Tensor) -> Tensor:  # noqa: D102
+        if self.resize:
+            x = F.interpolate(x, size=self.size, mode="bilinear", align_corners=False,
+                              antialias=True)  # fmt: skip
+        return self.net((x - self.mean) / self.std)
+
+
+class _HFLogits(nn.Module):
+    """A ``transformers`` image classifier that takes pixels and returns logits."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, x: Tensor) -> Tensor:  # noqa: D102
+        return self.model(pixel_values=x).logits
+
+
+@dataclass
+class ModelSource:
+    """A loaded model and how to rebuild it: ``spec`` as given, ``kind`` (checkpoint,
+    registry, torchvision, timm, hf), the architecture ``name``, the model (eval mode),
+    its :class:`InputSpec`, its number of classes and the weights file."""
+
+    spec: str
+    kind: str
+    name: str
+    model: nn.Module
+    input: InputSpec
+    num_classes: int
+    weights: str | None = None
+    options: dict[str, Any] = field(default_factory=dict)
+    random: bool = False
+
+    def random_twin(self, seed: int) -> nn.Module:
+        """A freshly initialised model of the same architecture (the null's front)."""
+        from . import create
+
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            if self.kind == "hf":
+                from transformers import AutoModelForImageClassification
+
+                inner = self.model.model  # type: ignore[union-attr]
+                return _HFLogits(AutoModelForImageClassification.from_config(inner.config)).eval()
+            return create(self.name, num_classes=self.num_classes, **self.options).eval()
+
+    def points(self, leaf_modules: Sequence[type] = ()) -> list[str]:
+        """The model's stitch points (:func:`stitchlab.stitch_points`)."""
+        from ..splitting import stitch_points
+
+        return stitch_points(self.model, leaf_modules=tuple(leaf_modules))
+
+    def describe(self) -> str:
+        """One line: what the model is and where its weights come from."""
+        weights = "random weights (--random-init)" if self.random else (self.weights or "")
+        return f"{self.spec} ({self.kind} {self.name}, {self.num_classes} classes, {weights})"
+
+
+def load_model_source(
+    spec: str,
+    weights: str | None = None,
+    *,
+    random_init: bool = False,
+    num_classes: int | None = None,
+    options: dict[str, Any] | None = None,
+) -> ModelSource:
+    """Load ``spec`` (see the module docstring) with its weights and input pipeline."""
+    from . import create, describe, is_known, load
+
+    options = dict(options or {})
+    if spec.startswith("hf:"):
+        if weights is not None:
+            raise ValueError(f"{spec}: a Hugging Face folder holds its own weights; drop the "
+                             "weights file argument.")  # fmt: skip
+        return _load_hf(spec, num_classes)
+    path = Path(spec)
+    if path.is_file():
+        if weights is not None:
+            raise ValueError(f"{spec} is a checkpoint file; a second weights file makes no sense.")
+        desc = describe(path)
+        if not desc.get("architecture"):
+            raise CheckpointError(
+                f"{spec!r} is a weights file without a stitchlab description; name the "
+                "architecture instead, e.g. timm:resnet18 --front-weights " + spec
+            )
+        model = load(path, num_classes=num_classes)
+        arch = desc["architecture"]
+        return ModelSource(spec, "checkpoint", arch, model, _own_input(model, arch),
+                           int(model.stitchlab_num_classes), str(path),
+                           dict(desc.get("options") or {}))  # fmt: skip
+    if not is_known(spec):
+        raise ValueError(
+            f"{spec!r} is neither a file nor a known model: give a stitchlab checkpoint, a "
+            "registry name (stitchlab.models.list_models()), torchvision:NAME, timm:NAME or "
+            "hf:FOLDER."
+        )
+    kind = spec.split(":", 1)[0] if ":" in spec else "registry"
+    if weights is None:
+        if not random_init:
+            raise ValueError(
+                f"{spec!r} is an architecture without weights: it would be a randomly "
+                "initialised network. Pass its weights file (--front-weights / "
+                "--back-weights; safetensors or a PyTorch state dict), or --random-init to "
+                "compare random networks on purpose."
+            )
+        model = create(spec, num_classes=num_classes or 10, **options).eval()
+        return ModelSource(spec, kind, spec, model, _own_input(model, spec),
+                           num_classes or 10, None, options, random=True)  # fmt: skip
+    from .checkpoint import read_weights
+
+    tensors = read_weights(weights)
+    k = num_classes if num_classes is not None else _classes_in(spec, tensors, options, weights)
+    model = load(weights, architecture=spec, num_classes=k, **options)
+    return ModelSource(spec, kind, spec, model, _own_input(model, spec), k, str(weights),
+                       options)  # fmt: skip
+
+
+def _classes_in(name: str, weights: dict[str, Tensor], options: dict, path: str) -> int:
+    """The number of classes of ``weights``: the first dimension of the tensors that
+    depend on it (found by building the architecture with an unlikely class count)."""
+    from . import create
+
+    try:
+        with torch.device("meta"):
+            probe = create(name, num_classes=_PROBE_CLASSES, **options)
+    except Exception:  # an initialiser that does not run on meta tensors
+        probe = create(name, num_classes=_PROBE_CLASSES, **options)
+    for key, t in probe.state_dict().items():
+        if t.dim() >= 1 and t.shape[0] == _PROBE_CLASSES and key in weights:
+            return int(weights[key].shape[0])
+    raise CheckpointError(
+        f"cannot tell how many classes {path!r} has for {name}: no classifier tensor found "
+        "in it; pass the number of classes (--front-num-classes / --back-num-classes)."
+    )
+
+
+def _own_input(model: nn.Module, name: str) -> InputSpec:
+    """The input pipeline a model's library documents for it."""
+    if name.startswith("timm:"):
+        import timm.data
+
+        cfg = timm.data.resolve_model_data_config(model)
+        _, h, w = cfg["input_size"]
+        return InputSpec((int(h), int(w)), tuple(cfg["mean"]), tuple(cfg["std"]),
+                         "timm's pretrained config")  # fmt: skip
+    if name.startswith("torchvision:"):
+        import torchvision
+
+        arch = name.split(":", 1)[1]
+        try:
+            enum = list(torchvision.models.get_model_weights(arch))
+        except (ValueError, KeyError):
+            enum = []
+        if enum:
+            t = enum[0].transforms()
+            crop = t.crop_size[0] if isinstance(t.crop_size, (list, tuple)) else t.crop_size
+            return InputSpec((int(crop), int(crop)), tuple(t.mean), tuple(t.std),
+                             f"torchvision's {enum[0]} transforms")  # fmt: skip
+        return InputSpec(None, IMAGENET_MEAN, IMAGENET_STD,
+                         "torchvision lists no weights for it: ImageNet statistics")  # fmt: skip
+    from . import default_input_size
+
+    size = default_input_size(model)
+    return InputSpec(None if size is None else (size[1], size[2]))
+
+
+def _load_hf(spec: str, num_classes: int | None) -> ModelSource:
+    folder = Path(spec.split(":", 1)[1])
+    if not (folder / "config.json").is_file():
+        raise CheckpointError(
+            f"{spec}: {str(folder)!r} is not a Hugging Face model folder (no config.json); "
+            "save one with model.save_pretrained(FOLDER)."
+        )
+    try:
+        from transformers import AutoModelForImageClassification
+    except ImportError as exc:
+        raise ImportError(
+            f"{spec} needs the transformers package: pip install 'stitchlab[hf]'"
+        ) from exc
+    model = AutoModelForImageClassification.from_pretrained(
+        str(folder), local_files_only=True, use_safetensors=None
+    )
+    k = int(model.config.num_labels)
+    if num_classes is not None and num_classes != k:
+        raise ValueError(f"{spec} has {k} classes (config.num_labels), not {num_classes}")
+    wrapped = _HFLogits(model).eval()
+    return ModelSource(spec, "hf", str(folder), wrapped, _hf_input(folder, model), k,
+                       str(folder))  # fmt: skip
+
+
+def _hf_input(folder: Path, model: nn.Module) -> InputSpec:
+    """The image processor's size and normalisation (``preprocessor_config.json``), else
+    the model config's image size and ImageNet statistics."""
+    path = folder / "preprocessor_config.json"
+    cfg = json.loads(path.read_text()) if path.is_file() else {}
+    size = cfg.get("size") or cfg.get("crop_size")
+    if isinstance(size, dict):
+        if "height" in size:
+            size = (size["height"], size["width"])
+        elif "shortest_edge" in size:
+            size = (size["shortest_edge"],) * 2
+        else:
+            size = None
+    elif isinstance(size, int):
+        size = (size, size)
+    if size is None:
+        img = getattr(model.config, "image_size", None)
+        size = (img, img) if isinstance(img, int) else None
+    do_norm = cfg.get("do_normalize", True)
+    mean = tuple(cfg.get("image_mean", IMAGENET_MEAN)) if do_norm else (0.0, 0.0, 0.0)
+    std = tuple(cfg.get("image_std", IMAGENET_STD)) if do_norm else (1.0, 1.0, 1.0)
+    source = "the Hugging Face image processor" if cfg else "the model config (no processor)"
+    return InputSpec(size, mean, std, source)  # type: ignore[arg-type]
+
+
+def fields_of(spec: InputSpec) -> dict[str, Any]:
+    """The spec as plain values (for tables and store keys)."""
+    return dataclasses.asdict(spec)

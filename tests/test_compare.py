@@ -1,0 +1,258 @@
+"""stitchlab compare: your own models and data, with intervals and a random-front null."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from stitchlab.cli import main
+from stitchlab.compare import CompareSettings, bootstrap_agreement, match_points, run_compare
+from stitchlab.models.sources import InputSpec, WithInput, load_model_source
+
+
+def _write_folder(root, n_per_class=6, classes=("a", "b", "c"), size=32, seed=0):
+    """Class folders of PNGs whose class is its mean colour (a learnable task)."""
+    from PIL import Image
+
+    g = np.random.default_rng(seed)
+    for k, name in enumerate(classes):
+        (root / name).mkdir(parents=True, exist_ok=True)
+        for i in range(n_per_class):
+            img = g.integers(0, 60, size=(size, size, 3)).astype(np.uint8)
+            img[..., k] += 150
+            Image.fromarray(img).save(root / name / f"{i}.png")
+    return root
+
+
+def _timm_weights(tmp_path, name, num_classes, seed):
+    import timm
+
+    torch.manual_seed(seed)
+    m = timm.create_model(name, pretrained=False, num_classes=num_classes)
+    path = tmp_path / f"{name}-{seed}.safetensors"
+    save_file(m.state_dict(), str(path))
+    return m, path
+
+
+# --- points ----------------------------------------------------------------------------
+
+
+def test_match_points_by_relative_depth():
+    front = ["f1", "f2", "f3", "f4"]  # depths .25 .5 .75 1
+    back = [f"b{i}" for i in range(1, 9)]  # depths .125 ... 1
+    assert match_points(front, back, "depth", 4) == [
+        ("f1", "b2"), ("f2", "b4"), ("f3", "b6"), ("f4", "b8")]  # fmt: skip
+    assert match_points(front, back, "depth", 2) == [("f2", "b4"), ("f4", "b8")]
+    assert match_points(back, front, "depth", 8)[0] == ("b1", "f1")  # ties: the deeper one
+    grid = match_points(front, back, "grid", 2)
+    assert grid == [("f2", "b4"), ("f2", "b8"), ("f4", "b4"), ("f4", "b8")]
+
+
+def test_match_points_named_and_errors():
+    front, back = ["x", "y"], ["x", "z"]
+    assert match_points(front, back, ["x", "y:z"]) == [("x", "x"), ("y", "z")]
+    with pytest.raises(ValueError, match="not a stitch point of the back model"):
+        match_points(front, back, ["y"])
+    with pytest.raises(ValueError, match="Did you mean 'x'"):
+        match_points(front, back, ["xx"])
+
+
+# --- intervals -------------------------------------------------------------------------
+
+
+def test_bootstrap_identities_and_known_values():
+    ones = np.ones((3, 200))
+    s = bootstrap_agreement(ones, ones, reps=200)
+    assert s["agreement"] == 100 and s["agreement_ci_low"] == s["agreement_ci_high"] == 100
+    assert s["excess_over_null"] == 0 and s["excess_ci_low"] == s["excess_ci_high"] == 0
+    g = np.random.default_rng(0)
+    hits = (g.random((3, 2000)) < 0.7).astype(float)
+    null = (g.random((2, 2000)) < 0.3).astype(float)
+    s = bootstrap_agreement(hits, null, reps=500)
+    assert s["agreement"] == pytest.approx(100 * hits.mean())
+    assert s["agreement_ci_low"] < s["agreement"] < s["agreement_ci_high"]
+    # binomial standard error of a mean over 6000 draws at p = 0.7 is 0.59 points
+    assert 1.0 < s["agreement_ci_high"] - s["agreement_ci_low"] < 4.0
+    assert s["excess_over_null"] == pytest.approx(s["agreement"] - s["null_agreement"])
+    assert s["excess_ci_low"] > 35 and s["excess_ci_high"] < 45
+    single = bootstrap_agreement(hits[:1], reps=100)
+    assert math.isnan(single["agreement_seed_std"]) and "null_agreement" not in single
+    # more test images: a narrower interval
+    wide = bootstrap_agreement(hits[:, :200], reps=500)
+    assert (wide["agreement_ci_high"] - wide["agreement_ci_low"]) > (
+        s["agreement_ci_high"] - s["agreement_ci_low"])
+
+
+def test_bootstrap_seed_spread_widens_interval():
+    g = np.random.default_rng(1)
+    same = np.stack([(g.random(1000) < 0.6)] * 3).astype(float)
+    spread = np.stack([(g.random(1000) < p) for p in (0.4, 0.6, 0.8)]).astype(float)
+    a, b = bootstrap_agreement(same, reps=400), bootstrap_agreement(spread, reps=400)
+    assert (b["agreement_ci_high"] - b["agreement_ci_low"]) > 2 * (
+        a["agreement_ci_high"] - a["agreement_ci_low"])
+
+
+# --- model sources ---------------------------------------------------------------------
+
+
+def test_sources_read_classes_and_pipelines(tmp_path):
+    import torchvision
+
+    _, path = _timm_weights(tmp_path, "test_convnext", 7, 0)
+    a = load_model_source("timm:test_convnext", str(path))
+    assert a.num_classes == 7 and a.input.mean == (0.5, 0.5, 0.5) and a.input.size == (160, 160)
+    tv = torchvision.models.resnet18(num_classes=4)
+    torch.save({"state_dict": tv.state_dict()}, tmp_path / "tv.pth")
+    b = load_model_source("torchvision:resnet18", str(tmp_path / "tv.pth"))
+    assert b.num_classes == 4 and b.input.size == (224, 224)
+    assert b.input.std == pytest.approx((0.229, 0.224, 0.225))
+    with pytest.raises(ValueError, match="without weights"):
+        load_model_source("timm:test_convnext")
+    with pytest.raises(ValueError, match="neither a file nor a known model"):
+        load_model_source("no_such_model_xyz")
+
+
+def test_with_input_resizes_and_normalises_exactly():
+    net = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Identity())
+    spec = InputSpec((2, 2), (0.5, 0.5, 0.5), (0.25, 0.25, 0.25))
+    w = WithInput(net, spec, (4, 4), points=["0"])
+    x = torch.full((1, 3, 4, 4), 0.75)
+    assert torch.allclose(w(x), torch.ones(1, 12))  # (0.75 - 0.5) / 0.25
+    assert w.stitchlab_points == ["net.0"]
+    same = WithInput(net, InputSpec((4, 4)), (4, 4), points=[])
+    assert not same.resize and torch.equal(same(x), x.flatten(1))
+
+
+# --- end to end ------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    return _write_folder(tmp_path_factory.mktemp("imgs"), n_per_class=24)
+
+
+def test_compare_end_to_end_timm_pair(tmp_path, folder):
+    _, wa = _timm_weights(tmp_path, "test_convnext", 3, 0)
+    _, wb = _timm_weights(tmp_path, "test_convnext", 3, 1)
+    out = tmp_path / "out"
+    rc = main(["compare", "timm:test_convnext", "timm:test_convnext", "--front-weights", str(wa),
+               "--back-weights", str(wb), "--data", str(folder), "--out", str(out), "--quick",
+               "--front-size", "32", "--back-size", "32", "--n-points", "2",
+               "--no-progress"])  # fmt: skip
+    assert rc == 0
+    df = pd.read_csv(out / "results.csv")
+    assert len(df) == 2 * 2  # 2 cells x 2 protocols x SLM
+    for col in ("agreement", "agreement_ci_low", "agreement_ci_high", "null_agreement",
+                "excess_over_null", "iri_median_error"):  # fmt: skip
+        assert col in df
+    assert (df["agreement_ci_low"] <= df["agreement"]).all()
+    assert (df["agreement"] <= df["agreement_ci_high"]).all()
+    assert df[df.protocol == "iris"]["iri_median_error"].notna().all()
+    assert df[df.protocol == "standard"]["iri_median_error"].isna().all()
+    assert pd.read_parquet(out / "results.parquet").shape == df.shape
+    html = (out / "report.html").read_text()
+    assert "<img src=\"data:image/png;base64," in html and "excess over null" in html
+    assert (out / "figures" / "profile.png").stat().st_size > 1000
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["data"]["labelled"] and summary["data"]["test"] > 0
+    # resumes: a second run computes nothing and gives the same table
+    before = df.drop(columns="seconds")
+    assert main(["compare", "timm:test_convnext", "timm:test_convnext", "--front-weights",
+                 str(wa), "--back-weights", str(wb), "--data", str(folder), "--out", str(out),
+                 "--quick", "--front-size", "32", "--back-size", "32", "--n-points", "2",
+                 "--no-progress"]) == 0  # fmt: skip
+    again = pd.read_csv(out / "results.csv").drop(columns="seconds")
+    pd.testing.assert_frame_equal(before, again)
+
+
+def test_compare_identical_model_scores_100(tmp_path, folder):
+    """A model stitched into itself at the same point (least-squares init, no training)
+    reproduces the back exactly: agreement 100, interval [100, 100]."""
+    from stitchlab import models
+    from stitchlab.data.user import load_user_data
+
+    torch.manual_seed(0)
+    m = models.create("small_cnn", num_classes=3, width=8)
+    data = load_user_data(folder)
+    x = torch.stack([data.stitch[i][0] for i in range(len(data.stitch))])
+    y = torch.tensor([data.stitch[i][1] for i in range(len(data.stitch))])
+    opt = torch.optim.Adam(m.parameters(), 0.01)
+    for _ in range(30):  # a little training, so that the back's predictions vary
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(m(x), y).backward()
+        opt.step()
+    m.eval()
+    path = models.save(m, tmp_path / "m.safetensors")
+    s = CompareSettings.quick(front=str(path), back=str(path), data=str(folder),
+                              points=("blocks.1",), epochs=0, protocols=("standard",),
+                              null_seeds=1)  # fmt: skip
+    df = run_compare(s, tmp_path / "o", progress=False, echo=lambda _: None)
+    row = df.iloc[0]
+    assert row["agreement"] == 100 and row["agreement_ci_low"] == 100
+    assert len(set(m(x).argmax(1).tolist())) > 1
+    # the null ran (a random front; on an easy colour task it can stitch well too)
+    assert row["null_seeds"] == 1 and 0 <= row["null_agreement"] <= 100
+
+
+def test_compare_torchvision_vs_timm_different_inputs(tmp_path, folder):
+    import torchvision
+
+    tv = torchvision.models.resnet18(num_classes=3)
+    torch.save(tv.state_dict(), tmp_path / "tv.pth")
+    _, wb = _timm_weights(tmp_path, "test_convnext", 3, 2)
+    s = CompareSettings.quick(front="torchvision:resnet18", back="timm:test_convnext",
+                              front_weights=str(tmp_path / "tv.pth"), back_weights=str(wb),
+                              data=str(folder), front_size=32, back_size=48, n_points=1,
+                              protocols=("standard",))  # fmt: skip
+    lines = []
+    df = run_compare(s, tmp_path / "o", progress=False, echo=lines.append)
+    text = "\n".join(lines)
+    assert "32x32, mean (0.485" in text and "48x48, mean (0.5, 0.5, 0.5)" in text
+    assert "estimate:" in text
+    assert df.iloc[0]["front_point"] == "layer4.1" and len(df) == 1
+
+
+def test_compare_unlabelled_data_skips_hlm(tmp_path):
+    from stitchlab import models
+
+    g = torch.Generator().manual_seed(0)
+    images = torch.rand(160, 3, 16, 16, generator=g)
+    np.savez(tmp_path / "x.npz", images=(images * 255).byte().numpy())
+    a = models.save(models.create("small_cnn", num_classes=4, width=8), tmp_path / "a.safetensors")
+    torch.manual_seed(1)
+    b = models.save(models.create("small_cnn", num_classes=4, width=8), tmp_path / "b.safetensors")
+    s = CompareSettings.quick(front=str(a), back=str(b), data=str(tmp_path / "x.npz"),
+                              objectives=("hlm", "slm", "dm", "fula"), n_points=1)  # fmt: skip
+    df = run_compare(s, tmp_path / "o", progress=False, echo=lambda _: None)
+    assert sorted(set(df["objective"])) == ["dm", "fula", "slm"]
+    assert df["accuracy"].isna().all()
+    summary = json.loads((tmp_path / "o" / "summary.json").read_text())
+    assert any("HLM" in x for x in summary["skipped"])
+
+
+def test_compare_config_and_errors(tmp_path, folder):
+    from stitchlab import models
+
+    path = models.save(models.create("small_cnn", num_classes=3, width=8),
+                       tmp_path / "m.safetensors")  # fmt: skip
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f'name = "x"\n[compare]\nfront = "m.safetensors"\nback = "{path}"\n'
+                   f'data = "{folder}"\npoints = ["blocks.3"]\nseeds = 1\nnull_seeds = 0\n'
+                   'objectives = ["slm"]\nprotocols = ["standard"]\nn_stitch = 64\n'
+                   'n_test = 64\nepochs = 1\n')  # fmt: skip
+    assert main(["run", str(cfg), "--out", str(tmp_path / "o"), "--check"]) == 0
+    assert main(["run", str(cfg), "--out", str(tmp_path / "o"), "--no-progress"]) == 0
+    df = pd.read_csv(tmp_path / "o" / "results.csv")
+    assert len(df) == 1 and df["null_agreement"].isna().all()
+    with pytest.raises(TypeError, match="compare seeds must be int"):
+        CompareSettings(front="a", back="b", data="d", seeds=1.5)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="objectives"):
+        CompareSettings(front="a", back="b", data="d", objectives=("nope",))
+    assert main(["compare", "timm:test_convnext", "timm:test_convnext", "--data", str(folder),
+                 "--out", str(tmp_path / "e")]) == 2  # no weights, no --random-init
