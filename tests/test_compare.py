@@ -256,3 +256,31 @@ def test_compare_config_and_errors(tmp_path, folder):
         CompareSettings(front="a", back="b", data="d", objectives=("nope",))
     assert main(["compare", "timm:test_convnext", "timm:test_convnext", "--data", str(folder),
                  "--out", str(tmp_path / "e")]) == 2  # no weights, no --random-init
+
+
+def test_compare_hf_folders(tmp_path, folder):
+    """hf:FOLDER models (transformers, optional): the adapter reproduces the model's logits
+    exactly and a ViT compares against a ResNet."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    vit = transformers.ViTForImageClassification(transformers.ViTConfig(
+        image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+        intermediate_size=64, num_labels=3)).eval()  # fmt: skip
+    vit.save_pretrained(tmp_path / "vit")
+    processor = transformers.ViTImageProcessor(size={"height": 32, "width": 32},
+                                               image_mean=[0.5] * 3, image_std=[0.5] * 3)
+    processor.save_pretrained(tmp_path / "vit")
+    res = transformers.ResNetForImageClassification(transformers.ResNetConfig(
+        embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1], num_labels=3)).eval()  # fmt: skip
+    res.save_pretrained(tmp_path / "res")
+    src = load_model_source(f"hf:{tmp_path / 'vit'}")
+    x = torch.rand(4, 3, 32, 32)
+    with torch.no_grad():
+        assert torch.equal(src.model(x), vit(pixel_values=x).logits)
+    assert src.points() == ["layers.0", "layers.1", "pre_logits"]
+    assert src.input.size == (32, 32) and src.input.mean == (0.5, 0.5, 0.5)
+    s = CompareSettings.quick(front=f"hf:{tmp_path / 'vit'}", back=f"hf:{tmp_path / 'res'}",
+                              data=str(folder), n_points=2)  # fmt: skip
+    df = run_compare(s, tmp_path / "o", progress=False, echo=lambda _: None)
+    assert list(df["front_point"].unique()) == ["layers.1", "pre_logits"]
+    assert df["agreement"].between(0, 100).all() and len(df) == 4

@@ -538,7 +538,9 @@ def _execute(s, front, back, stitch_set, test_set, reference, todo, store, progr
             front_model = random_fronts[null_seed]
         else:
             front_model = front.model
-        st = Stitcher(front_model, back.model, f"net.{f}", f"net.{b}", device=s.device)
+        leaves = tuple(dict.fromkeys(front.source.leaf_modules + back.source.leaf_modules))
+        st = Stitcher(front_model, back.model, f"net.{f}", f"net.{b}", leaf_modules=leaves,
+                      layouts=_layouts(front, back, f, b), device=s.device)  # fmt: skip
         sets = {}
         for r in sorted(group, key=lambda r: (r["protocol"], r["seed"])):
             if r["protocol"] not in sets:
@@ -570,6 +572,16 @@ def _execute(s, front, back, stitch_set, test_set, reference, todo, store, progr
                 bar.update(1)
     if bar is not None:
         bar.close()
+
+
+def _layouts(front: _Side, back: _Side, f: str, b: str) -> tuple[dict | None, dict | None]:
+    """The layouts the two models declare for the cell's points (``net.``-prefixed)."""
+
+    def one(side: _Side, point: str) -> dict[str, str] | None:
+        layout = side.source.layouts.get(point)
+        return None if layout is None else {f"net.{point}": layout}
+
+    return one(front, f), one(back, b)
 
 
 def _size_of(dataset: Dataset) -> tuple[int, int]:

@@ -87,7 +87,8 @@ class Stitcher:
         output: which element of a model's output is the logits (an index or key; a pair
             ``(front's, back's)`` when they differ).
         layouts: activation layouts of named points where detection from the graph fails
-            or must be overridden (see :data:`stitchlab.splitting.LAYOUTS`).
+            or must be overridden (see :data:`stitchlab.splitting.LAYOUTS`); a pair
+            ``(front's, back's)`` when the two models name points alike.
         device: where everything runs (default: the front model's device).
 
     The activation formats are learned from the first data the Stitcher sees
@@ -104,7 +105,8 @@ class Stitcher:
         *,
         leaf_modules: Sequence[type] = (),
         output: OutputSelector | tuple[OutputSelector, OutputSelector] = None,
-        layouts: Mapping[str, str] | None = None,
+        layouts: Mapping[str, str] | tuple[Mapping[str, str] | None, Mapping[str, str] | None]
+        | None = None,
         device: str | torch.device | None = None,
     ) -> None:
         if not isinstance(front_model, nn.Module) or not isinstance(back_model, nn.Module):
@@ -171,12 +173,16 @@ class Stitcher:
         x0 = torch.stack([dataset[i % len(dataset)][0] for i in range(3)]).to(self.device)  # type: ignore[arg-type]
         point, back_point = self.point, self.back_point
         if self._traced_back is self._traced_front:  # one pass gives both formats
+            if isinstance(self.layouts, tuple):
+                raise TypeError("one model on both sides: give one layouts mapping, not a pair")
             both = _formats(self._traced_front, x0, list(dict.fromkeys([point, back_point])),
                             self.layouts)  # fmt: skip
             src, dst = both[point].require(), both[back_point].require()
         else:
-            src = _formats(self._traced_front, x0, [point], self.layouts, "front")[point]
-            dst = _formats(self._traced_back, x0, [back_point], self.layouts, "back")[back_point]
+            front_layouts, back_layouts = (self.layouts if isinstance(self.layouts, tuple)
+                                           else (self.layouts, self.layouts))  # fmt: skip
+            src = _formats(self._traced_front, x0, [point], front_layouts, "front")[point]
+            dst = _formats(self._traced_back, x0, [back_point], back_layouts, "back")[back_point]
             src, dst = src.require(), dst.require()
         self._specs = (src, dst)
         self._x0 = x0[: min(2, len(dataset))]  # type: ignore[arg-type]

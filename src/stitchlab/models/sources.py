@@ -129,15 +129,83 @@ class WithInput(nn.Module):
         return self.net((x - self.mean) / self.std)
 
 
-class _HFLogits(nn.Module):
-    """A ``transformers`` image classifier that takes pixels and returns logits."""
+class _HFAdapter(nn.Module):
+    """A ``transformers`` image classifier re-expressed as a chain of its own modules, so
+    that torch.fx can trace it (the models' own ``forward`` checks shapes and dtypes in
+    Python, which tracing cannot follow). The same modules, the same computation: the
+    logits equal ``model(pixel_values=x).logits`` (tested). Families:
+
+    * ``vit`` (ViT, DeiT): embeddings and every encoder layer (leaves), the final norm,
+      the class token into the classifier; points ``layers.i`` and ``pre_logits``;
+    * ``resnet``: embedder (a leaf), every stage, global pooling (flattened), the
+      classifier;
+    * ``convnext``: embeddings (a leaf), every stage, mean pooling and the final norm.
+    """
+
+    FAMILIES = {"ViTForImageClassification": "vit", "DeiTForImageClassification": "vit",
+                "ResNetForImageClassification": "resnet",
+                "ConvNextForImageClassification": "convnext"}  # fmt: skip
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__()
-        self.model = model
+        kind = self.FAMILIES.get(type(model).__name__)
+        if kind is None:
+            raise CheckpointError(
+                f"hf: {type(model).__name__} is not a supported Hugging Face family; "
+                f"supported: {', '.join(sorted(self.FAMILIES))}. Export the model to timm or "
+                "torchvision weights, or wrap it as a module that torch.fx can trace."
+            )
+        self.family = kind
+        self.config = model.config
+        base = getattr(model, model.base_model_prefix)
+        if kind == "vit":
+            self.embeddings = base.embeddings
+            self.layers = _first(base, "layers", "encoder.layer", "encoder.layers")
+            self.norm = base.layernorm
+        else:
+            self.embeddings = base.embedder if kind == "resnet" else base.embeddings
+            self.stages = _first(base, "stages", "encoder.stages")
+            self.pool = base.pooler if kind == "resnet" else None
+            self.norm = base.layernorm if kind == "convnext" else None
+        self.classifier = model.classifier
+        # leaves: the embedding (shape checks) and a transformer layer (its attention
+        # unpacks shapes and returns tuples); their outputs are still points
+        leaves = [type(self.embeddings)]
+        if kind == "vit":
+            leaves += list(dict.fromkeys(type(layer) for layer in self.layers))
+        self.stitchlab_leaf_types = tuple(leaves)
+        # a leaf's output layout cannot be followed through the graph: declared here
+        if kind == "vit":
+            self.stitchlab_layouts = {f"layers.{i}": "NLC" for i in range(len(self.layers))}
+        else:
+            self.stitchlab_layouts = {f"stages.{i}": "NCHW" for i in range(len(self.stages))}
+        self.stitchlab_layouts["pre_logits"] = "NC"
 
     def forward(self, x: Tensor) -> Tensor:  # noqa: D102
-        return self.model(pixel_values=x).logits
+        h = self.embeddings(x)
+        if self.family == "vit":
+            for layer in self.layers:
+                h = layer(h)
+            return self.classifier(self.norm(h)[:, 0, :])
+        for stage in self.stages:
+            h = stage(h)
+        if self.family == "resnet":  # its classifier flattens first: the same logits
+            return self.classifier(self.pool(h).flatten(1))
+        return self.classifier(self.norm(h.mean([-2, -1])))
+
+
+def _first(module: nn.Module, *paths: str) -> nn.Module:
+    """The first submodule found at one of ``paths`` (transformers versions move them)."""
+    for path in paths:
+        m = module
+        try:
+            for part in path.split("."):
+                m = getattr(m, part)
+        except AttributeError:
+            continue
+        return m
+    raise CheckpointError(f"hf: {type(module).__name__} has none of {', '.join(paths)}; this "
+                          "transformers version lays the model out differently.")  # fmt: skip
 
 
 @dataclass
@@ -165,15 +233,26 @@ class ModelSource:
             if self.kind == "hf":
                 from transformers import AutoModelForImageClassification
 
-                inner = self.model.model  # type: ignore[union-attr]
-                return _HFLogits(AutoModelForImageClassification.from_config(inner.config)).eval()
+                config = self.model.config  # type: ignore[union-attr]
+                return _HFAdapter(AutoModelForImageClassification.from_config(config)).eval()
             return create(self.name, num_classes=self.num_classes, **self.options).eval()
 
-    def points(self, leaf_modules: Sequence[type] = ()) -> list[str]:
+    @property
+    def leaf_modules(self) -> tuple[type, ...]:
+        """Module classes torch.fx must not trace into (a Hugging Face embedding)."""
+        return tuple(getattr(self.model, "stitchlab_leaf_types", ()))
+
+    @property
+    def layouts(self) -> dict[str, str]:
+        """Activation layouts the model declares for points whose layout tracing cannot
+        follow (the outputs of leaf modules)."""
+        return dict(getattr(self.model, "stitchlab_layouts", {}))
+
+    def points(self) -> list[str]:
         """The model's stitch points (:func:`stitchlab.stitch_points`)."""
         from ..splitting import stitch_points
 
-        return stitch_points(self.model, leaf_modules=tuple(leaf_modules))
+        return stitch_points(self.model, leaf_modules=self.leaf_modules)
 
     def describe(self) -> str:
         """One line: what the model is and where its weights come from."""
@@ -308,7 +387,7 @@ def _load_hf(spec: str, num_classes: int | None) -> ModelSource:
     k = int(model.config.num_labels)
     if num_classes is not None and num_classes != k:
         raise ValueError(f"{spec} has {k} classes (config.num_labels), not {num_classes}")
-    wrapped = _HFLogits(model).eval()
+    wrapped = _HFAdapter(model).eval()
     return ModelSource(spec, "hf", str(folder), wrapped, _hf_input(folder, model), k,
                        str(folder))  # fmt: skip
 
