@@ -60,6 +60,8 @@ def test_evaluate_returns_every_score(images):
     scores = sl.evaluate(s, (x, y), model)
     assert set(scores) == {
         "agreement",
+        "agreement_ci_low",
+        "agreement_ci_high",
         "agreement_normalized",
         "accuracy",
         "hard_agreement",
@@ -87,3 +89,17 @@ def test_cka_invariances_and_known_values():
     assert sl.cka(x, half) == pytest.approx(0.5**0.5, abs=0.08)
     with pytest.raises(ValueError, match="same inputs"):
         sl.cka(x, y[:10])
+
+
+def test_agreement_interval_known_values():
+    """Bootstrap over test images: all agreeing gives [100, 100]; 50 of 100 agreeing gives
+    about 50 +- 1.96 x 5 (the binomial standard error), and the same for a seed."""
+    from stitchlab.metrics import agreement_interval
+
+    a = torch.eye(4)[torch.arange(100) % 4]
+    assert agreement_interval(a, a) == (100.0, 100.0)
+    b = a.clone()
+    b[:50] = torch.eye(4)[(torch.arange(50) + 1) % 4]  # the first 50 disagree
+    low, high = agreement_interval(a, b)
+    assert 38 <= low <= 42 and 58 <= high <= 62
+    assert agreement_interval(a, b) == (low, high)

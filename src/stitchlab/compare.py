@@ -49,6 +49,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.data import Dataset
 
+from .metrics import bootstrap_agreement
 from .vocabulary import OBJECTIVES
 
 __all__ = [
@@ -266,59 +267,6 @@ def match_points(
 
 
 # ---------------------------------------------------------------------------
-# Intervals
-
-
-def bootstrap_agreement(
-    hits: np.ndarray,
-    null_hits: np.ndarray | None = None,
-    *,
-    reps: int = 1000,
-    confidence: float = 0.95,
-    seed: int = 0,
-) -> dict[str, float]:
-    """Mean agreement (%) of ``hits`` (seeds x test images, 1 where the stitched model
-    and the back agree) with a two-level percentile bootstrap interval: seeds drawn with
-    replacement, and one image resample shared by every seed. With ``null_hits`` (null
-    seeds x the same images) also the null's mean and interval and the excess over the
-    null, whose interval resamples the images jointly (paired) and the seeds of each
-    side independently."""
-    hits = np.asarray(hits, dtype=np.float64)
-    if hits.ndim != 2 or hits.shape[1] == 0:
-        raise ValueError(f"hits must be (seeds, images), got shape {hits.shape}")
-    rng = np.random.default_rng(seed)
-    n = hits.shape[1]
-    img = rng.integers(0, n, size=(reps, n))
-    alpha = (1 - confidence) / 2
-
-    def replicates(h: np.ndarray) -> np.ndarray:
-        per_seed = np.stack([row[img].mean(axis=1) for row in h])  # (seeds, reps)
-        pick = rng.integers(0, len(h), size=(reps, len(h)))
-        return 100 * per_seed[pick, np.arange(reps)[:, None]].mean(axis=1)
-
-    rep = replicates(hits)
-    out = {"agreement": 100 * float(hits.mean()),
-           "agreement_ci_low": float(np.quantile(rep, alpha)),
-           "agreement_ci_high": float(np.quantile(rep, 1 - alpha)),
-           "agreement_seed_std": float(100 * hits.mean(axis=1).std(ddof=1))
-           if len(hits) > 1 else float("nan")}  # fmt: skip
-    if null_hits is not None and len(null_hits):
-        null_hits = np.asarray(null_hits, dtype=np.float64)
-        if null_hits.shape[1] != n:
-            raise ValueError("null_hits must be on the same test images as hits")
-        nrep = replicates(null_hits)
-        diff = rep - nrep
-        null = 100 * float(null_hits.mean())
-        out |= {"null_agreement": null,
-                "null_ci_low": float(np.quantile(nrep, alpha)),
-                "null_ci_high": float(np.quantile(nrep, 1 - alpha)),
-                "excess_over_null": out["agreement"] - null,
-                "excess_ci_low": float(np.quantile(diff, alpha)),
-                "excess_ci_high": float(np.quantile(diff, 1 - alpha))}  # fmt: skip
-    return out
-
-
-# ---------------------------------------------------------------------------
 # The run
 
 
@@ -477,14 +425,16 @@ def _estimate(s, front, back, size, cells, todo) -> str:
     """A rough time from one timed batch of each model (IRIs, stitch training, tests)."""
     if not todo:
         return "nothing to compute"
-    x = torch.rand(8, 3, *size, device=s.device)
+    x = torch.rand(min(32, s.n_stitch), 3, *size, device=s.device)
     try:
         tf, tb = _timed(front.model, x), _timed(back.model, x)
     except Exception as exc:  # the real run will report it properly
         return f"not available ({type(exc).__name__})"
+    depth = dict(zip(front.points, _depths(front.points)))
     fronts = {(r["front_point"], r["null"], r["seed"] if r["null"] else 0)
               for r in todo if r["protocol"] == "iris"}  # fmt: skip
-    iris = len(fronts) * s.iri_steps * s.n_stitch * tf
+    # an IRI step runs the front's prefix only (about its relative depth of the network)
+    iris = sum(depth[f] for f, _, _ in fronts) * s.iri_steps * s.n_stitch * tf
     fits = len(todo) * (s.epochs * s.n_stitch * (tb + tf / 3) + s.n_test * (tf + tb) / 3)
     total = iris + fits
     return (f"about {_duration(total)} (IRIs {_duration(iris)}, stitching "

@@ -24,9 +24,11 @@ def evaluate(
     """All scores of a stitched model against a reference (usually the back model).
 
     ``reference`` is a model (run in eval mode) or its logits on ``test_data``. Returns
-    agreement, accuracy, hard agreement, error consistency, chance-normalised agreement
-    and the reference's own accuracy. With ``attack`` (``reference`` must then be a
-    model) also the scores of :func:`robust_scores`.
+    agreement with its 95% bootstrap interval over the test images (``agreement_ci_low``,
+    ``agreement_ci_high``; :func:`stitchlab.metrics.agreement_interval`), accuracy, hard
+    agreement, error consistency, chance-normalised agreement and the reference's own
+    accuracy. With ``attack`` (``reference`` must then be a model) also the scores of
+    :func:`robust_scores`.
     """
     from ._data import predict
 
@@ -48,8 +50,11 @@ def evaluate(
     robust = {}
     if attack is not None:
         robust = robust_scores(stitched, test_data, reference, attack, batch_size=batch_size)
+    low, high = metrics.agreement_interval(logits, ref_logits)
     return robust | {
         "agreement": agree,
+        "agreement_ci_low": low,
+        "agreement_ci_high": high,
         "agreement_normalized": metrics.chance_normalized(agree, k),
         "accuracy": metrics.accuracy(logits, labels),
         "hard_agreement": metrics.hard_agreement(logits, ref_logits),

@@ -105,6 +105,10 @@ def _save(fig, folder: Path, name: str) -> bytes:
     return buf.getvalue()
 
 
+def _digits(v: float, digits: int) -> str:
+    return "—" if pd.isna(v) else f"{v:.{digits}f}"
+
+
 def _interval(row: pd.Series, key: str, low: str, high: str) -> str:
     if pd.isna(row[key]):
         return "—"
@@ -141,8 +145,8 @@ def write_compare_report(out: str | Path, results: pd.DataFrame, summary: dict[s
         "excess over null [CI]": [_interval(r, "excess_over_null", "excess_ci_low",
                                             "excess_ci_high") for _, r in results.iterrows()],
         "seeds": results["seeds"],
-        "IRI median error": results["iri_median_error"],
-        "IRIs x closer than another image": results["iri_null_ratio"],
+        "IRI median error": [_digits(v, 3) for v in results["iri_median_error"]],
+        "IRIs x closer than another image": [_digits(v, 1) for v in results["iri_null_ratio"]],
         "IRIs flagged": results["iri_flagged"].where(results["protocol"] == "iris"),
     })  # fmt: skip
     tables = [TableEntry("results", "Scores", table,

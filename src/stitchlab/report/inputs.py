@@ -36,8 +36,8 @@ RESULTS_REQUIRED: tuple[str, ...] = (
     "error_consistency", "reference_accuracy", "init_residual", "seconds",
 )  # fmt: skip
 RESULTS_OPTIONAL_NUMERIC: tuple[str, ...] = (
-    "iri_median_error", "iri_p90_error", "iri_pixel_rms", "iri_null_median", "iri_null_ratio",
-    "agreement_rolled",
+    "agreement_ci_low", "agreement_ci_high", "iri_median_error", "iri_p90_error",
+    "iri_pixel_rms", "iri_null_median", "iri_null_ratio", "agreement_rolled",
     "excess_agreement", "robust_agreement", "stitch_seed",
 )  # fmt: skip
 _RESULTS_TEXT = ("experiment", "pair", "front", "back", "point", "objective", "protocol")
