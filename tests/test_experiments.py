@@ -280,3 +280,33 @@ def test_quick_demo_end_to_end(tmp_path):
     assert standard >= 80 and aware <= 40 and standard - aware >= 40
     assert agreement("cross-seed", "iris", "slm") > aware
     assert agreement("cross-bias", "iris", "hlm") >= 70  # HLM never reads the back on IRIs
+
+
+def test_null_pair_with_a_random_front(tmp_path):
+    """method = "random": an untrained front (the random-front null) stored like any model,
+    its pair stitched like any pair; every row carries its test-image interval."""
+    import torch
+
+    from stitchlab import models as model_registry
+
+    config = copy.deepcopy(TINY)
+    config["models"]["random"] = {"arch": "small_cnn", "options": {"width": 4}, "seed": 7,
+                                  "method": "random"}  # fmt: skip
+    config["pairs"] = {"null": {"front": "random", "back": "back"}}
+    config["stitch"]["protocols"] = ["standard"]
+    run_experiment(config, tmp_path, progress=False)
+    rows = _rows(tmp_path / "results.csv")
+    assert len(rows) == 4 and {r["pair"] for r in rows} == {"null"}
+    for r in rows:
+        assert float(r["agreement_ci_low"]) <= float(r["agreement"]) <= float(
+            r["agreement_ci_high"])
+    (path,) = (tmp_path / "store" / "models").glob("random-*/model.safetensors")
+    torch.manual_seed(7)
+    fresh = model_registry.create("small_cnn", num_classes=10, width=4)
+    stored = model_registry.load(path)
+    assert all(torch.equal(a, b) for a, b in zip(fresh.state_dict().values(),
+                                                 stored.state_dict().values()))  # fmt: skip
+    bad = copy.deepcopy(config)
+    bad["models"]["random"]["recipe"] = {"epochs": 2}
+    with pytest.raises(ConfigError, match="untrained network"):
+        load_config(bad)

@@ -96,10 +96,10 @@ def test_agreement_interval_known_values():
     about 50 +- 1.96 x 5 (the binomial standard error), and the same for a seed."""
     from stitchlab.metrics import agreement_interval
 
-    a = torch.eye(4)[torch.arange(100) % 4]
+    a = 100 * torch.eye(4)[torch.arange(100) % 4]  # confident: agreement 1 or 0 per image
     assert agreement_interval(a, a) == (100.0, 100.0)
     b = a.clone()
-    b[:50] = torch.eye(4)[(torch.arange(50) + 1) % 4]  # the first 50 disagree
+    b[:50] = 100 * torch.eye(4)[(torch.arange(50) + 1) % 4]  # the first 50 disagree
     low, high = agreement_interval(a, b)
     assert 38 <= low <= 42 and 58 <= high <= 62
     assert agreement_interval(a, b) == (low, high)

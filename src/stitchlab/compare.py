@@ -4,7 +4,8 @@ Given two models (:mod:`stitchlab.models.sources`: checkpoints, registry names,
 ``torchvision:``/``timm:`` architectures with local weights, ``hf:`` folders) and a data
 set (:mod:`stitchlab.data.user`), :func:`run_compare` stitches the front into the back at
 matched points, with every objective and protocol asked for, and scores each stitched
-model by its agreement with the back on held-out images.
+model by its agreement with the back on held-out images (stitchlab's agreement
+probability, :func:`stitchlab.metrics.agreement`, per image, and the hard top-1 agreement).
 
 Every score comes with
 
@@ -63,7 +64,7 @@ __all__ = [
 
 log = logging.getLogger("stitchlab.compare")
 
-_VERSION = 1  # of the stored run format
+_VERSION = 2  # of the stored run format
 
 
 @dataclass(frozen=True)
@@ -314,12 +315,20 @@ def _key(obj: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:20]
 
 
-def _pack(hits: Tensor) -> str:
-    return np.packbits(hits.numpy().astype(np.uint8)).tobytes().hex()
+def _pack(values: Tensor) -> str:
+    """Per-image agreements as base64 float32 (exact, compact, no pickle)."""
+    import base64
+
+    return base64.b64encode(values.float().numpy().tobytes()).decode("ascii")
 
 
 def _unpack(s: str, n: int) -> np.ndarray:
-    return np.unpackbits(np.frombuffer(bytes.fromhex(s), dtype=np.uint8))[:n]
+    import base64
+
+    values = np.frombuffer(base64.b64decode(s), dtype=np.float32)
+    if len(values) != n:
+        raise ValueError(f"a stored run has {len(values)} per-image values, expected {n}")
+    return values
 
 
 def run_compare(
@@ -459,6 +468,7 @@ def _execute(s, front, back, stitch_set, test_set, reference, todo, store, progr
     from ._data import predict
     from .fit import TrainingConfig
     from .iris import IRIRecipe
+    from .metrics import per_image_agreement
     from .protocols import InvarianceAware, Standard
     from .stitcher import Stitcher
     from .store import write_json
@@ -506,11 +516,12 @@ def _execute(s, front, back, stitch_set, test_set, reference, todo, store, progr
             model = st.fit(r["objective"], sset, init=init, settings=cfg)
             with torch.no_grad():
                 logits, labels = predict(model, test_set, device=torch.device(s.device))
-            hits = logits.argmax(1) == reference.argmax(1)
+            values = per_image_agreement(logits, reference)
+            hard = 100 * float((logits.argmax(1) == reference.argmax(1)).double().mean())
             q = sset.iri_quality
             write_json(store / "compare" / f"{r['key']}.json", {
                 "run": {k: v for k, v in r.items() if k != "key"},
-                "hits": _pack(hits), "n": len(hits),
+                "values": _pack(values), "n": len(values), "hard_agreement": hard,
                 "accuracy": 100 * float((logits.argmax(1) == labels).float().mean()),
                 "iri_median_error": None if q is None else q.median_error,
                 "iri_null_ratio": None if q is None else q.null_ratio,
@@ -553,11 +564,11 @@ def _aggregate(s, front, back, data, runs, store, reference) -> list[dict[str, A
     rows = []
     for (f, b, objective, protocol), cell in cells.items():
         real, null = cell["real"], cell["null"]
-        hits = np.stack([_unpack(e["hits"], e["n"]) for e in real])
-        null_hits = np.stack([_unpack(e["hits"], e["n"]) for e in null]) if null else None
-        stats = bootstrap_agreement(hits, null_hits, reps=s.bootstrap,
+        values = np.stack([_unpack(e["values"], e["n"]) for e in real])
+        null_values = np.stack([_unpack(e["values"], e["n"]) for e in null]) if null else None
+        stats = bootstrap_agreement(values, null_values, reps=s.bootstrap,
                                     confidence=s.confidence, seed=s.data_seed)  # fmt: skip
-        if null_hits is None:
+        if null_values is None:
             stats |= {k: float("nan") for k in ("null_agreement", "null_ci_low", "null_ci_high",
                                                  "excess_over_null", "excess_ci_low",
                                                  "excess_ci_high")}  # fmt: skip
@@ -569,7 +580,8 @@ def _aggregate(s, front, back, data, runs, store, reference) -> list[dict[str, A
         rows.append({
             "front_point": f, "back_point": b, "front_depth": round(fd[f], 4),
             "back_depth": round(bd[b], 4), "objective": objective, "protocol": protocol,
-            **stats, "seeds": len(real), "null_seeds": len(null), "n_test": int(hits.shape[1]),
+            **stats, "seeds": len(real), "null_seeds": len(null), "n_test": int(values.shape[1]),
+            "hard_agreement": mean_of("hard_agreement"),
             "accuracy": mean_of("accuracy") if data.labelled else float("nan"),
             "iri_median_error": mean_of("iri_median_error"),
             "iri_null_ratio": mean_of("iri_null_ratio"),
@@ -591,7 +603,8 @@ def _write(out, s, data, front, back, rows, runs, store, skipped, seconds) -> No
     per_run = [read_json(store / "compare" / f"{r['key']}.json") for r in runs]
     run_rows = [e["run"] | {k: e[k] for k in ("accuracy", "iri_median_error", "iri_flagged",
                                                "init_residual", "seconds")}
-                | {"agreement": 100 * float(_unpack(e["hits"], e["n"]).mean())}
+                | {"agreement": 100 * float(_unpack(e["values"], e["n"]).mean()),
+                   "hard_agreement": e["hard_agreement"]}
                 for e in per_run]  # fmt: skip
     write_text(out / "runs.csv", pd.DataFrame(run_rows).to_csv(index=False))
     summary = {

@@ -19,6 +19,7 @@ __all__ = [
     "cka",
     "bootstrap_agreement",
     "agreement_interval",
+    "per_image_agreement",
 ]
 
 
@@ -32,12 +33,7 @@ def _check_pair(a: Tensor, b: Tensor) -> None:
 
 def agreement(logits_a: Tensor, logits_b: Tensor) -> float:
     """Agreement probability in percent: mean of ``<p_a, p_b> / max(|p_a|^2, |p_b|^2)``."""
-    _check_pair(logits_a, logits_b)
-    pa = torch.softmax(logits_a.double(), dim=1)
-    pb = torch.softmax(logits_b.double(), dim=1)
-    num = (pa * pb).sum(1)
-    den = torch.maximum((pa * pa).sum(1), (pb * pb).sum(1))
-    return float((num / den).mean() * 100)
+    return float(per_image_agreement(logits_a, logits_b).mean() * 100)
 
 
 def accuracy(logits: Tensor, labels: Tensor) -> float:
@@ -115,46 +111,62 @@ def cka(x: torch.Tensor, y: torch.Tensor) -> float:
     return float(hxy / denom) if float(denom) > 0 else 0.0
 
 
+def per_image_agreement(logits_a: Tensor, logits_b: Tensor) -> Tensor:
+    """The agreement probability of each sample (in [0, 1]); :func:`agreement` is its
+    mean in percent."""
+    _check_pair(logits_a, logits_b)
+    pa = torch.softmax(logits_a.double(), dim=1)
+    pb = torch.softmax(logits_b.double(), dim=1)
+    return (pa * pb).sum(1) / torch.maximum((pa * pa).sum(1), (pb * pb).sum(1))
+
+
+def _resampled_means(values: np.ndarray, img: np.ndarray, chunk: int = 100) -> np.ndarray:
+    """``values[img].mean(-1)`` for one image resample per row of ``img``, in chunks of
+    rows so that memory stays O(chunk x images)."""
+    return np.concatenate([values[img[i : i + chunk]].mean(axis=1)
+                           for i in range(0, len(img), chunk)])  # fmt: skip
+
+
 def bootstrap_agreement(
-    hits: np.ndarray,
-    null_hits: np.ndarray | None = None,
+    values: np.ndarray,
+    null_values: np.ndarray | None = None,
     *,
     reps: int = 1000,
     confidence: float = 0.95,
     seed: int = 0,
 ) -> dict[str, float]:
-    """Mean agreement (%) of ``hits`` (seeds x test images, 1 where the stitched model
-    and the back agree) with a two-level percentile bootstrap interval: seeds drawn with
-    replacement, and one image resample shared by every seed. With ``null_hits`` (null
-    seeds x the same images) also the null's mean and interval and the excess over the
-    null, whose interval resamples the images jointly (paired) and the seeds of each
-    side independently."""
-    hits = np.asarray(hits, dtype=np.float64)
-    if hits.ndim != 2 or hits.shape[1] == 0:
-        raise ValueError(f"hits must be (seeds, images), got shape {hits.shape}")
+    """Mean agreement (%) of ``values`` (seeds x test images: each image's agreement in
+    [0, 1], :func:`per_image_agreement`) with a two-level percentile bootstrap interval:
+    seeds drawn with replacement, and one image resample shared by every seed. With
+    ``null_values`` (null seeds x the same images) also the null's mean and interval and
+    the excess over the null, whose interval resamples the images jointly (paired) and
+    the seeds of each side independently."""
+    values = np.asarray(values, dtype=np.float64)
+    if values.ndim != 2 or values.shape[1] == 0:
+        raise ValueError(f"values must be (seeds, images), got shape {values.shape}")
     rng = np.random.default_rng(seed)
-    n = hits.shape[1]
-    img = rng.integers(0, n, size=(reps, n))
+    n = values.shape[1]
+    img = rng.integers(0, n, size=(reps, n), dtype=np.int32)
     alpha = (1 - confidence) / 2
 
     def replicates(h: np.ndarray) -> np.ndarray:
-        per_seed = np.stack([row[img].mean(axis=1) for row in h])  # (seeds, reps)
+        per_seed = np.stack([_resampled_means(row, img) for row in h])  # (seeds, reps)
         pick = rng.integers(0, len(h), size=(reps, len(h)))
         return 100 * per_seed[pick, np.arange(reps)[:, None]].mean(axis=1)
 
-    rep = replicates(hits)
-    out = {"agreement": 100 * float(hits.mean()),
+    rep = replicates(values)
+    out = {"agreement": 100 * float(values.mean()),
            "agreement_ci_low": float(np.quantile(rep, alpha)),
            "agreement_ci_high": float(np.quantile(rep, 1 - alpha)),
-           "agreement_seed_std": float(100 * hits.mean(axis=1).std(ddof=1))
-           if len(hits) > 1 else float("nan")}  # fmt: skip
-    if null_hits is not None and len(null_hits):
-        null_hits = np.asarray(null_hits, dtype=np.float64)
-        if null_hits.shape[1] != n:
-            raise ValueError("null_hits must be on the same test images as hits")
-        nrep = replicates(null_hits)
+           "agreement_seed_std": float(100 * values.mean(axis=1).std(ddof=1))
+           if len(values) > 1 else float("nan")}  # fmt: skip
+    if null_values is not None and len(null_values):
+        null_values = np.asarray(null_values, dtype=np.float64)
+        if null_values.ndim != 2 or null_values.shape[1] != n:
+            raise ValueError("null_values must be (null seeds, the same test images)")
+        nrep = replicates(null_values)
         diff = rep - nrep
-        null = 100 * float(null_hits.mean())
+        null = 100 * float(null_values.mean())
         out |= {"null_agreement": null,
                 "null_ci_low": float(np.quantile(nrep, alpha)),
                 "null_ci_high": float(np.quantile(nrep, 1 - alpha)),
@@ -165,17 +177,11 @@ def bootstrap_agreement(
 
 
 def agreement_interval(
-    logits_a: Tensor, logits_b: Tensor, *, reps: int = 2000, confidence: float = 0.95,
+    logits_a: Tensor, logits_b: Tensor, *, reps: int = 1000, confidence: float = 0.95,
     seed: int = 0,
 ) -> tuple[float, float]:
-    """Percentile bootstrap interval (%) of :func:`agreement` over the test images.
-
-    Resampling ``n`` images with replacement from ``k`` agreeing ones gives a count
-    distributed Binomial(n, k / n), so the bootstrap is drawn from that directly (the same
-    distribution as resampling indices, in O(reps) memory). Seeded: reproducible."""
-    _check_pair(logits_a, logits_b)
-    n = len(logits_a)
-    k = int((logits_a.argmax(1) == logits_b.argmax(1)).sum())
-    draws = np.random.default_rng(seed).binomial(n, k / n, size=reps) * (100.0 / n)
-    alpha = (1 - confidence) / 2
-    return float(np.quantile(draws, alpha)), float(np.quantile(draws, 1 - alpha))
+    """Percentile bootstrap interval (%) of :func:`agreement` over the test images
+    (``reps`` resamples of the images with replacement; seeded, so reproducible)."""
+    values = per_image_agreement(logits_a, logits_b).numpy()
+    stats = bootstrap_agreement(values[None], reps=reps, confidence=confidence, seed=seed)
+    return stats["agreement_ci_low"], stats["agreement_ci_high"]

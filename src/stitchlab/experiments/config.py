@@ -26,10 +26,20 @@ data), the points, objectives and protocols, and the stitch-training and IRI set
     data = { kind = "mnist" }        # optional: train this model on other data (the
                                      # stitching and test data are always [data])
 
+    [models.random]
+    arch = "small_cnn"
+    options = { width = 16 }
+    seed = 7
+    method = "random"                # never trained: the front of a null pair
+
     [pairs.cross-bias]
     front = "shortcut"               # or a list of models: one curve per front seed
     back = "back"
     marker = "pixel+loc"             # stitching and test data carry the marker
+
+    [pairs.null]                     # the random-front null (Smith et al. 2025): what a
+    front = "random"                 # stitch layer and the back reach from a random front
+    back = "back"
 
     [stitch]
     points = "all"
@@ -205,7 +215,10 @@ def _validate(raw: dict[str, Any]) -> Experiment:
                 f"{where} arch {full.get('arch')!r} is not a known model{hint}; known: "
                 f"{', '.join(model_registry.list_models())}, or torchvision:NAME / timm:NAME"
             )
-        _one_of(full["method"], METHODS, f"{where} method")
+        _one_of(full["method"], (*METHODS, "random"), f"{where} method")
+        if full["method"] == "random" and (full["recipe"] or full["marker"]):
+            raise ConfigError(f"{where} method 'random' is an untrained network (a null "
+                              "front): it takes no recipe and no marker")  # fmt: skip
         if full["marker"] is not None:
             _one_of(full["marker"], MARKERS, f"{where} marker")
         _one_of(full["base"], ("fast", "paper"), f"{where} base")
@@ -330,6 +343,8 @@ def _check_recipe(model: dict, where: str) -> None:
     """Build the model's training recipe now, so a bad field fails before any training."""
     from ..train import fast_recipe, paper_recipe
 
+    if model["method"] == "random":  # never trained: no recipe to check
+        return
     opts = {"method": model["method"], **model["recipe"]}
     try:
         if model["base"] == "fast":

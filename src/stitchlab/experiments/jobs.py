@@ -243,6 +243,14 @@ def train_job(job: TrainJob) -> dict[str, Any]:
     with lock(store / "models" / f".{out.name}.lock", f"model {name}"):
         if _usable_model(out / MODEL_FILE):
             return {"model": name, "reused": True, **models.describe(out / MODEL_FILE)}
+        if spec["method"] == "random":  # a null front: initialised with its seed, untrained
+            with torch.random.fork_rng():
+                torch.manual_seed(spec["seed"])
+                model = models.create(spec["arch"], num_classes=data["num_classes"],
+                                      **spec["options"])  # fmt: skip
+            models.save(model, out / MODEL_FILE, experiment_model=name, method="random",
+                        seed=spec["seed"], data=data)  # fmt: skip
+            return {"model": name, "reused": False, "evaluation": {}}
         recipe_opts = {"method": spec["method"], **spec["recipe"]}
         recipe = (
             fast_recipe(**recipe_opts)
