@@ -1,15 +1,19 @@
-"""Identically represented inputs (IRIs): images that a front represents like real ones.
+"""Identically represented inputs (IRIs): inputs that a front represents like real ones.
 
-For a source image x and a stitch point i, an IRI is
-``x' = argmin ||f_{<=i}(x') - f_{<=i}(x)||_F / ||f_{<=i}(x)||_F`` over valid images,
-found by projected gradient steps that run only the front prefix (PROTOCOL section 3).
+For a source input x and a stitch point i, an IRI is
+``x' = argmin ||f_{<=i}(x') - f_{<=i}(x)||_F / ||f_{<=i}(x)||_F`` over valid inputs (the
+box), found by projected gradient steps that run only the front prefix (PROTOCOL section 3).
+Inputs are images ``(N, C, H, W)`` or of any other rank with a batch axis, e.g. waveforms
+``(N, C, T)``: for audio use ``preset="audio"`` (box (-1, 1), a quiet Gaussian start and
+int16 storage; uint8 levels are far too coarse for a waveform).
 
 * :func:`generate_iris` optimises a batch of images in memory.
 * :func:`generate_iris_set` streams a whole data set in chunks into a cache keyed by what
   determines the result (front weights, point, source data, recipe); it resumes after an
   interruption and checks every chunk on load.
 * :class:`IRISet` is the stored result: a Dataset of ``(iri, source label)`` with the
-  per-sample quality (relative error after uint8 quantisation, pixel distance).
+  per-sample quality (relative error after quantisation to the recipe's storage
+  ``precision``, uint8 by default; pixel distance).
 """
 
 from __future__ import annotations
@@ -80,18 +84,29 @@ class IRIRecipe:
     (a post-activation point) as if it were the identity, as model-metamer work does: a
     unit that is dead in the IRI but alive in the source still gets a gradient. The
     forward pass, and so every reported error, is the exact ReLU.
+
+    ``start`` is where the optimisation begins: ``"noise"`` (uniform over the box),
+    ``"image"`` (another source of the batch), ``"blur"`` (the source smoothed: a 5x5
+    binomial filter on images, a 5-tap one along time on ``(N, C, T)`` inputs) or
+    ``"scaled_noise"`` (Gaussian of standard deviation ``start_scale``, in input units,
+    around the box centre, clipped to the box: a quiet start, which waveforms need because
+    uniform noise over the box is full-scale white noise). ``precision`` is how IRIs are
+    stored and so measured: ``"uint8"`` (255 steps over the box, as images are),
+    ``"int16"`` (65535 steps) or ``"float32"`` (unquantised).
     """
 
     steps: int = 200
     step_size: float = 0.05
     final_step_size: float | None = 0.002  # geometric decay to this size (None: constant)
     optimizer: Literal["sign", "adam", "l2"] = "adam"
-    start: Literal["noise", "image", "blur"] = "noise"  # image: another source image
+    start: Literal["noise", "image", "blur", "scaled_noise"] = "noise"  # image: another source
     tolerance: float | None = 0.01  # a sample stops once its relative error is below
     box: tuple[float, float] = (0.0, 1.0)
     batch_size: int = 128
     amp: Literal["auto", "off", "bf16"] = "auto"  # bf16 autocast on CUDA when "auto"
     relu_grad: Literal["exact", "straight_through"] = "straight_through"
+    start_scale: float = 0.003  # standard deviation of the "scaled_noise" start
+    precision: Literal["uint8", "int16", "float32"] = "uint8"  # storage of the IRIs
 
     @classmethod
     def paper(cls, **overrides) -> IRIRecipe:
@@ -112,8 +127,16 @@ class IRIRecipe:
             raise ValueError(f"final_step_size must be positive, got {self.final_step_size}")
         if self.optimizer not in ("sign", "adam", "l2"):
             raise ValueError(f"optimizer must be 'sign', 'adam' or 'l2', got {self.optimizer!r}")
-        if self.start not in ("noise", "image", "blur"):
-            raise ValueError(f"start must be 'noise', 'image' or 'blur', got {self.start!r}")
+        if self.start not in ("noise", "image", "blur", "scaled_noise"):
+            raise ValueError(
+                f"start must be 'noise', 'image', 'blur' or 'scaled_noise', got {self.start!r}"
+            )
+        if not self.start_scale > 0:
+            raise ValueError(f"start_scale must be positive, got {self.start_scale}")
+        if self.precision not in PRECISIONS:
+            raise ValueError(
+                f"precision must be 'uint8', 'int16' or 'float32', got {self.precision!r}"
+            )
         lo, hi = self.box
         if not hi > lo:
             raise ValueError(f"box must be (low, high) with high > low, got {self.box}")
@@ -156,6 +179,23 @@ class IRIRecipe:
         d["box"] = list(self.box)
         return d
 
+    def key_dict(self) -> dict:
+        """The fields that name a stored IRI set (:func:`generate_iris_set`'s key): all of
+        :meth:`as_dict`, except the fields added after the first stored sets where they
+        say what those sets did: ``precision`` when it is ``"uint8"`` and ``start_scale``
+        unless the start is ``"scaled_noise"``. A set stored before these fields existed
+        keeps its key."""
+        d = self.as_dict()
+        if d["precision"] == "uint8":
+            del d["precision"]
+        if d["start"] != "scaled_noise":
+            del d["start_scale"]
+        return d
+
+
+#: Storage precisions of IRIs (:attr:`IRIRecipe.precision`).
+PRECISIONS = ("uint8", "int16", "float32")
+
 
 #: Named starting points for IRI recipes (see :class:`IRIRecipe`).
 PRESETS: dict[str, dict] = {
@@ -163,6 +203,14 @@ PRESETS: dict[str, dict] = {
     "paper": {
         "steps": 200, "step_size": 1 / 255, "final_step_size": None, "optimizer": "sign",
         "start": "noise", "tolerance": None, "relu_grad": "exact",
+    },
+    # waveforms in [-1, 1]: a quiet Gaussian start (uniform noise over the box never
+    # converges), 300 Adam steps of 0.003 decaying to 0.0001 (the image steps leave a log-mel
+    # front 0.5-0.7 off; provisional, from a small study), int16 storage (uint8 levels are
+    # 1/127 of full scale)
+    "audio": {
+        "steps": 300, "step_size": 0.003, "final_step_size": 0.0001, "start": "scaled_noise",
+        "start_scale": 0.003, "box": (-1.0, 1.0), "precision": "int16",
     },
 }  # fmt: skip
 
@@ -172,7 +220,7 @@ class IRIQuality:
     """Summary of how well a set of IRIs converged."""
 
     n: int
-    median_error: float  # relative error at the point, after uint8 quantisation
+    median_error: float  # relative error at the point, after quantisation for storage
     mean_error: float
     p90_error: float
     max_error: float
@@ -183,6 +231,7 @@ class IRIQuality:
     # IRIs must be to count as identically represented
     null_median: float | None = None
     min_null_ratio: float = MIN_NULL_RATIO
+    precision: str | None = None  # storage precision the errors were measured at (None: unknown)
     flagged: bool = field(init=False)
     why_flagged: str = field(init=False, default="")
 
@@ -217,8 +266,10 @@ class IRIQuality:
         threshold: float,
         null_error: Tensor | None = None,
         min_null_ratio: float = MIN_NULL_RATIO,
+        precision: str | None = None,
     ) -> IRIQuality:
-        """Summarise per-sample errors, distances and (optionally) null distances."""
+        """Summarise per-sample errors, distances and (optionally) null distances;
+        ``precision`` is the storage precision the errors were measured at."""
         e = rel_error.double()
         null = None
         if null_error is not None:
@@ -234,6 +285,7 @@ class IRIQuality:
             threshold=threshold,
             null_median=null,
             min_null_ratio=min_null_ratio,
+            precision=precision,
         )
 
     def __str__(self) -> str:
@@ -244,10 +296,11 @@ class IRIQuality:
             if ratio is not None
             else ""
         )
+        stored = f", stored as {self.precision}" if self.precision not in (None, "uint8") else ""
         return (
             f"IRIs: n={self.n}, relative error median {self.median_error:.3f} "
             f"(mean {self.mean_error:.3f}, p90 {self.p90_error:.3f}, max {self.max_error:.3f})"
-            f"{null}, pixel RMS distance to source {self.median_pixel_rms:.3f}{flag}"
+            f"{null}, pixel RMS distance to source {self.median_pixel_rms:.3f}{stored}{flag}"
         )
 
 
@@ -255,26 +308,42 @@ class IRIQuality:
 class IRIResult:
     """IRIs of one batch, and their quality per sample."""
 
-    iris: Tensor  # float, in the box, quantised to uint8 levels
+    iris: Tensor  # float, in the box, quantised to the storage precision's levels
     rel_error: Tensor  # achieved relative error after quantisation
     rel_error_float: Tensor  # before quantisation
     pixel_rms: Tensor  # RMS pixel distance from the source image
     null_error: Tensor | None = None  # relative distance of another real image (the null)
+    precision: str = "uint8"  # the storage precision the IRIs were quantised to
 
     def quality(self, threshold: float = THRESHOLD) -> IRIQuality:
         """The quality summary of these IRIs."""
-        return IRIQuality.of(self.rel_error, self.pixel_rms, threshold, self.null_error)
+        return IRIQuality.of(
+            self.rel_error, self.pixel_rms, threshold, self.null_error, precision=self.precision
+        )
 
 
-def quantise(x: Tensor, box: tuple[float, float] = (0.0, 1.0)) -> Tensor:
-    """Images in ``box`` to uint8 levels."""
+def quantise(x: Tensor, box: tuple[float, float] = (0.0, 1.0), precision: str = "uint8") -> Tensor:
+    """Inputs in ``box`` to stored levels: ``uint8`` (255 steps over the box), ``int16``
+    (65535 steps; level ``k`` stored as ``k - 32768``) or ``float32`` (the values)."""
     lo, hi = box
-    return ((x - lo) / (hi - lo) * 255).round().clamp(0, 255).to(torch.uint8)
+    if precision == "uint8":
+        return ((x - lo) / (hi - lo) * 255).round().clamp(0, 255).to(torch.uint8)
+    if precision == "int16":
+        k = ((x.double() - lo) / (hi - lo) * 65535).round().clamp(0, 65535)
+        return (k - 32768).to(torch.int16)
+    if precision == "float32":
+        return x.detach().float().clone()
+    raise ValueError(f"precision must be 'uint8', 'int16' or 'float32', got {precision!r}")
 
 
 def dequantise(q: Tensor, box: tuple[float, float] = (0.0, 1.0)) -> Tensor:
-    """uint8 levels back to float images in ``box``."""
+    """Stored levels back to float inputs in ``box`` (the dtype says the precision: uint8,
+    int16 or float)."""
     lo, hi = box
+    if q.dtype == torch.int16:
+        return ((q.double() + 32768) / 65535 * (hi - lo) + lo).float()
+    if q.is_floating_point():
+        return q.float()
     return q.float() / 255 * (hi - lo) + lo
 
 
@@ -356,12 +425,27 @@ def _start(x: Tensor, recipe: IRIRecipe, gen: torch.Generator) -> Tensor:
     if recipe.start == "noise":
         u = torch.rand(x.shape, generator=gen)
         return (lo + (hi - lo) * u).to(x.device, x.dtype)
+    if recipe.start == "scaled_noise":  # quiet Gaussian noise around the box centre
+        z = torch.randn(x.shape, generator=gen)
+        return ((lo + hi) / 2 + recipe.start_scale * z).clamp(lo, hi).to(x.device, x.dtype)
     if recipe.start == "image":  # another image of the batch (a derangement)
         if x.shape[0] < 2:
             raise ValueError("start='image' needs batches of at least 2 images")
         shift = int(torch.randint(1, x.shape[0], (1,), generator=gen))
         return x.roll(shift, dims=0).clone()
     # blurred copy of the source
+    if x.dim() == 3:  # (N, C, T): the same binomial filter along time
+        k = torch.tensor([1.0, 4.0, 6.0, 4.0, 1.0], device=x.device, dtype=x.dtype) / 16
+        c = x.shape[1]
+        out = x
+        for _ in range(3):
+            out = F.conv1d(F.pad(out, (2, 2), mode="replicate"), k.expand(c, 1, 5), groups=c)
+        return out
+    if x.dim() != 4:
+        raise ValueError(
+            f"start='blur' smooths images (N, C, H, W) and sequences (N, C, T); inputs of "
+            f"shape {tuple(x.shape)} need start='noise', 'scaled_noise' or 'image'"
+        )
     k = torch.tensor([1.0, 4.0, 6.0, 4.0, 1.0], device=x.device, dtype=x.dtype)
     k = (k[:, None] * k[None, :]) / 256
     c = x.shape[1]
@@ -451,12 +535,17 @@ def _optimise(
 
 @torch.no_grad()
 def _measure(
-    front: nn.Module, x: Tensor, x_adv: Tensor, target: Tensor, box: tuple[float, float]
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """(quantised IRIs as uint8, error after quantisation, error before, pixel RMS, null:
+    front: nn.Module,
+    x: Tensor,
+    x_adv: Tensor,
+    target: Tensor,
+    box: tuple[float, float],
+    precision: str = "uint8",
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """(quantised IRIs as stored, error after quantisation, error before, pixel RMS, null:
     the relative distance of the next image's representation in the batch)."""
     err_float = _per_sample_error(front(x_adv), target)
-    q = quantise(x_adv, box)
+    q = quantise(x_adv, box, precision)
     deq = dequantise(q, box).to(x_adv.device, x_adv.dtype)
     err_q = _per_sample_error(front(deq), target)
     rms = (deq - x).flatten(1).pow(2).mean(1).sqrt() / (box[1] - box[0])
@@ -491,7 +580,8 @@ def generate_iris(
     Args:
         model: the front model (not modified; a frozen eval-mode copy of its prefix runs).
         point: the stitch point whose representation the IRIs must reproduce.
-        images: a tensor ``(N, C, H, W)`` in the box, or data as for :func:`stitch`.
+        images: a tensor ``(N, C, H, W)`` (or of another rank with a batch axis first,
+            e.g. waveforms ``(N, C, T)``) in the box, or data as for :func:`stitch`.
         steps: number of optimisation steps (default: the recipe's, 200).
         step_size: (initial) step size in box units (default 0.05 for Adam; the paper's
             signed steps use 1/255 at 32x32: ``preset="paper"``).
@@ -499,12 +589,13 @@ def generate_iris(
         device: where to run (default: the model's device).
         leaf_modules: module classes not to trace into (see :func:`stitchlab.split`).
         output: which element of ``model``'s output is the logits (tuple/dict outputs).
-        **recipe: further :class:`IRIRecipe` fields (optimizer, start, tolerance, box,
-            final_step_size, batch_size, amp).
+        **recipe: further :class:`IRIRecipe` fields (optimizer, start, start_scale,
+            tolerance, box, precision, final_step_size, batch_size, amp) or ``preset``.
 
     Returns:
-        :class:`IRIResult` with IRIs quantised to uint8 levels (as stored) and, per IRI,
-        the achieved relative error after quantisation and the pixel distance.
+        :class:`IRIResult` with IRIs quantised to the recipe's storage precision (uint8
+        levels by default, as stored) and, per IRI, the achieved relative error after
+        quantisation and the pixel distance.
     """
     given = {k: v for k, v in (("steps", steps), ("step_size", step_size)) if v is not None}
     rec = IRIRecipe.from_kwargs(**given, **recipe)
@@ -528,13 +619,15 @@ def generate_iris(
         rel_error_float=torch.cat([o[2] for o in out]),
         pixel_rms=torch.cat([o[3] for o in out]),
         null_error=torch.cat([o[4] for o in out]),
+        precision=rec.precision,
     )
 
 
 def _check_images(images: Tensor, box: tuple[float, float]) -> None:
-    if images.dim() != 4 or not images.is_floating_point():
+    if images.dim() < 2 or not images.is_floating_point():
         raise ValueError(
-            f"images must be a float tensor (N, C, H, W); got {tuple(images.shape)} {images.dtype}."
+            f"images must be a float tensor with a batch axis first ((N, C, H, W) images, "
+            f"(N, C, T) waveforms); got {tuple(images.shape)} {images.dtype}."
         )
     check_images(images, "images")
     lo, hi = box
@@ -548,7 +641,7 @@ def _check_images(images: Tensor, box: tuple[float, float]) -> None:
 def _run_batch(front, x, rec: IRIRecipe, seed: int, start: int):
     gen = _batch_generator(seed, start)
     x_adv, target = _optimise(front, x, rec, gen)
-    q, err_q, err_f, rms, null = _measure(front, x, x_adv, target, rec.box)
+    q, err_q, err_f, rms, null = _measure(front, x, x_adv, target, rec.box, rec.precision)
     return q.cpu(), err_q.cpu(), err_f.cpu(), rms.cpu(), null.cpu()
 
 
@@ -606,6 +699,7 @@ class IRISet(Dataset):
         self.chunk_size = int(self.meta["chunk_size"])
         self.n = int(self.meta["n"])
         self.box = tuple(self.meta["recipe"]["box"])
+        self.precision = str(self.meta["recipe"].get("precision", "uint8"))
         self._cached: tuple[int, dict[str, Tensor]] | None = None
         stats = [self._chunk(i) for i in range(self.num_chunks)]
         self.rel_error = torch.cat([s["rel_error"] for s in stats])
@@ -617,7 +711,12 @@ class IRISet(Dataset):
             else None
         )
         self.quality = IRIQuality.of(
-            self.rel_error, self.pixel_rms, threshold, self.null_error, min_null_ratio
+            self.rel_error,
+            self.pixel_rms,
+            threshold,
+            self.null_error,
+            min_null_ratio,
+            self.precision,
         )
 
     @property
@@ -719,7 +818,7 @@ def generate_iris_set(
         "n": len(dataset),
         "seed": seed,
         "chunk_size": chunk_size,
-        "recipe": rec.as_dict(),
+        "recipe": rec.key_dict(),
     }
     key = hashlib.sha256(json.dumps(key_parts, sort_keys=True).encode()).hexdigest()[:24]
     root = Path(cache_dir) / key

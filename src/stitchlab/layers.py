@@ -12,6 +12,9 @@ tokens (L,D)   tokens (L,D')  one Linear applied to every token (the grid part i
 conv           tokens         Linear per grid position; the prefix (class) tokens
                               from a Linear of the spatially pooled map
 tokens         conv           prefix tokens dropped, grid tokens as a map, 1x1 conv
+conv/seq       seq (C',L')    Linear per time step; a map's height is averaged
+                              (a mel x time map to a time sequence), then the
+                              length resized linearly
 conv/tokens    vector         Linear of the pooled map / of the class token
 vector         vector         Linear
 =============  =============  ==================================================
@@ -171,6 +174,15 @@ def _from_map(m: Tensor, spec: ActivationSpec) -> Tensor:
     return m
 
 
+def _map_for(a: Tensor, src: ActivationSpec, dst: ActivationSpec) -> Tensor:
+    """The front activation as an ``(N, C, H, W)`` map of the back's grid: a back that is a
+    sequence (no height) gets the map averaged over its height first."""
+    m = _grid_map(a, src)
+    if dst.layout == "NCL" and m.shape[2] != 1:
+        m = m.mean(dim=2, keepdim=True)
+    return _resize(m, dst.grid)  # type: ignore[arg-type]
+
+
 def _resize(m: Tensor, size: tuple[int, int]) -> Tensor:
     if tuple(m.shape[-2:]) == tuple(size):
         return m
@@ -220,7 +232,7 @@ class StitchLayer(nn.Module):
         if dst.kind in ("conv", "seq"):
             if src.layout == dst.layout == "NHWC" and src.grid == dst.grid:
                 return self.main(a)  # channels last: the 1x1 convolution is a Linear
-            m = _resize(_grid_map(a, src), dst.grid)  # type: ignore[arg-type]
+            m = _map_for(a, src, dst)
             out = F.conv2d(m, self.main.weight[:, :, None, None], self.main.bias)
             return _from_map(out, dst)
         # tokens
@@ -247,7 +259,7 @@ class StitchLayer(nn.Module):
         if dst.kind == "vector":
             return [(_pooled(a, src), target.reshape(n, -1))]
         if dst.kind in ("conv", "seq"):
-            m = _resize(_grid_map(a, src), dst.grid)  # type: ignore[arg-type]
+            m = _map_for(a, src, dst)
             return [(_channels_last_rows(m), _channels_last_rows(_grid_map(target, dst)))]
         if self.same_tokens:
             return [(a.reshape(-1, src.channels), target.reshape(-1, dst.channels))]

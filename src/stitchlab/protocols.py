@@ -110,7 +110,7 @@ class InvarianceAware(Protocol):
         if isinstance(iris, (IRIResult, IRISet)):  # judged with this protocol's thresholds
             quality = IRIQuality.of(
                 iris.rel_error, iris.pixel_rms, self.threshold, iris.null_error,
-                self.min_null_ratio,
+                self.min_null_ratio, precision=getattr(iris, "precision", None),
             )  # fmt: skip
             if isinstance(iris, IRIResult):
                 iris = iris.iris

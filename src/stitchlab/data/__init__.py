@@ -29,6 +29,14 @@ from .markers import Marked, distinct_colours, marker_colours, marker_size
 from .mnist import VARIANTS as COLOURED_MNIST_VARIANTS
 from .mnist import ColouredMNIST, coloured_mnist, download_mnist, mnist, read_idx
 from .safe_pickle import UnsafePickleError, safe_load
+from .speech import (
+    Beeped,
+    EspeakNotFoundError,
+    SpeechSynthesisError,
+    WaveformDataset,
+    spoken_digits,
+    spoken_words,
+)
 from .synthetic import cues, render_cues, shapes
 from .tensors import DataFileError, ImageTensorDataset, labels_of, subset
 from .transforms import simclr_views, train_augmentation
@@ -70,4 +78,10 @@ __all__ = [
     "safe_load",
     "DataFileError",
     "UnsafePickleError",
+    "spoken_digits",
+    "spoken_words",
+    "WaveformDataset",
+    "Beeped",
+    "SpeechSynthesisError",
+    "EspeakNotFoundError",
 ]

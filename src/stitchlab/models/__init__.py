@@ -303,4 +303,5 @@ def classifier_head(model: nn.Module) -> tuple[str, nn.Linear]:
     )
 
 
+from . import audio as _audio  # noqa: E402, F401  (registers mel_cnn, wave_cnn)
 from .checkpoint import CheckpointError, describe, load, read_weights, save  # noqa: E402
