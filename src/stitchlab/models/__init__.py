@@ -232,6 +232,16 @@ def vit_base_patch16_224(
     return _vit(224, 16, width, depth, heads, num_classes)
 
 
+def conv_blocks(in_channels: int, widths: list[int], strides: tuple[int, ...]) -> nn.Sequential:
+    """One 3x3 Conv (no bias) - BatchNorm - ReLU block per width, with its stride."""
+    blocks, c_in = [], in_channels
+    for c, stride in zip(widths, strides, strict=True):
+        blocks.append(nn.Sequential(nn.Conv2d(c_in, c, 3, stride=stride, padding=1, bias=False),
+                                    nn.BatchNorm2d(c), nn.ReLU(inplace=True)))  # fmt: skip
+        c_in = c
+    return nn.Sequential(*blocks)
+
+
 class SmallCNN(nn.Module):
     """Four conv blocks (conv-BN-ReLU, stride 2 from the second), global pooling, Linear.
 
@@ -241,19 +251,9 @@ class SmallCNN(nn.Module):
     def __init__(self, num_classes: int = 10, width: int = 16, in_channels: int = 3) -> None:
         super().__init__()
         chans = [width, 2 * width, 4 * width, 4 * width]
-        blocks, c_in = [], in_channels
-        for i, c in enumerate(chans):
-            blocks.append(
-                nn.Sequential(
-                    nn.Conv2d(c_in, c, 3, stride=1 if i == 0 else 2, padding=1, bias=False),
-                    nn.BatchNorm2d(c),
-                    nn.ReLU(inplace=True),
-                )
-            )
-            c_in = c
-        self.blocks = nn.Sequential(*blocks)
+        self.blocks = conv_blocks(in_channels, chans, strides=(1, 2, 2, 2))
         self.pool = nn.AdaptiveAvgPool2d(1)
-        self.fc = nn.Linear(c_in, num_classes)
+        self.fc = nn.Linear(chans[-1], num_classes)
         self.stitchlab_points = [f"blocks.{i}" for i in range(len(chans))]
         _init_conv_bn(self)
 

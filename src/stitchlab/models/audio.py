@@ -24,7 +24,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from . import register
+from . import conv_blocks, register
 
 __all__ = ["LogMel", "MelCNN", "WaveCNN", "mel_filterbank"]
 
@@ -106,19 +106,9 @@ class MelCNN(nn.Module):
         self.front = LogMel(sample_rate, n_fft, hop, n_mels)
         self.norm = nn.BatchNorm2d(1)
         chans = [width, width * 3 // 2, width * 2, width * 3]
-        blocks, c_in = [], 1
-        for c in chans:
-            blocks.append(
-                nn.Sequential(
-                    nn.Conv2d(c_in, c, 3, stride=2, padding=1, bias=False),
-                    nn.BatchNorm2d(c),
-                    nn.ReLU(inplace=True),
-                )
-            )
-            c_in = c
-        self.blocks = nn.Sequential(*blocks)
+        self.blocks = conv_blocks(1, chans, strides=(2,) * len(chans))
         self.pool = nn.AdaptiveAvgPool2d(1)
-        self.fc = nn.Linear(c_in, num_classes)
+        self.fc = nn.Linear(chans[-1], num_classes)
         self.stitchlab_points = [f"blocks.{i}" for i in range(len(chans))]
         self.stitchlab_input_shape = (1, int(sample_rate))  # (channels, samples): 1 s
         _init(self)
