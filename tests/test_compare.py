@@ -284,3 +284,19 @@ def test_compare_hf_folders(tmp_path, folder):
     df = run_compare(s, tmp_path / "o", progress=False, echo=lambda _: None)
     assert list(df["front_point"].unique()) == ["layers.1", "pre_logits"]
     assert df["agreement"].between(0, 100).all() and len(df) == 4
+
+
+def test_compare_grid_draws_a_heat_map(tmp_path, folder):
+    """points = "grid": every chosen front point into every chosen back point."""
+    from stitchlab import models
+
+    a = models.save(models.create("small_cnn", num_classes=3, width=8), tmp_path / "a.safetensors")
+    torch.manual_seed(3)
+    b = models.save(models.create("small_cnn", num_classes=3, width=8), tmp_path / "b.safetensors")
+    s = CompareSettings.quick(front=str(a), back=str(b), data=str(folder), points="grid",
+                              n_points=2, protocols=("standard",), null_seeds=0)  # fmt: skip
+    df = run_compare(s, tmp_path / "o", progress=False, echo=lambda _: None)
+    cells = set(zip(df["front_point"], df["back_point"]))
+    assert cells == {(f, g) for f in ("blocks.1", "blocks.3") for g in ("blocks.1", "blocks.3")}
+    assert (tmp_path / "o" / "figures" / "heatmap.png").stat().st_size > 1000
+    assert "Every front point into every back point" in (tmp_path / "o" / "report.html").read_text()
