@@ -300,3 +300,12 @@ def test_compare_grid_draws_a_heat_map(tmp_path, folder):
     assert cells == {(f, g) for f in ("blocks.1", "blocks.3") for g in ("blocks.1", "blocks.3")}
     assert (tmp_path / "o" / "figures" / "heatmap.png").stat().st_size > 1000
     assert "Every front point into every back point" in (tmp_path / "o" / "report.html").read_text()
+
+
+def test_compare_refuses_speech_models(tmp_path, folder):
+    from stitchlab import models
+
+    path = models.save(models.create("wave_cnn"), tmp_path / "w.safetensors")
+    s = CompareSettings.quick(front=str(path), back=str(path), data=str(folder))
+    with pytest.raises(ValueError, match="supports image models"):
+        run_compare(s, tmp_path / "o", progress=False, echo=lambda _: None)

@@ -304,6 +304,13 @@ def _side(source, data_size, size, mean, std) -> _Side:
     from .iris import model_fingerprint
     from .models.sources import WithInput
 
+    shape = getattr(source.model, "stitchlab_input_shape", None)
+    if shape is not None and len(shape) != 3:  # (channels, samples): a speech model
+        raise ValueError(
+            f"{source.spec} reads inputs of shape {tuple(shape)}, not images: compare "
+            "supports image models for now (speech models and .wav data are not wired "
+            "into compare yet)."
+        )
     spec = source.input.replace(size=size, mean=mean, std=std)
     source.input = spec
     points = source.points()
