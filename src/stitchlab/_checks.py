@@ -7,7 +7,7 @@ import types
 import typing
 from typing import Any
 
-__all__ = ["check_field_types"]
+__all__ = ["check_field_types", "read_table_config"]
 
 
 def _matches(value: Any, hint: Any) -> bool | None:
@@ -61,3 +61,18 @@ def check_field_types(obj: Any, what: str) -> None:
         raise TypeError(
             f"{what} {f.name} must be {_describe(hint)}, got {value!r} ({type(value).__name__})"
         )
+
+
+def read_table_config(path: Any, table: str) -> dict[str, Any]:
+    """The ``[table]`` of a TOML config that holds that one table (plus ``name`` and
+    ``description``): the shared form of the oracle and compare configs."""
+    import tomllib
+
+    with open(path, "rb") as f:
+        raw = tomllib.load(f)
+    extra = sorted(set(raw) - {table, "name", "description"})
+    if extra or table not in raw:
+        article = "an" if table[0] in "aeiou" else "a"
+        raise ValueError(f"{path}: {article} {table} config has one [{table}] table (and "
+                         f"name, description); got {sorted(raw)}")  # fmt: skip
+    return dict(raw[table])

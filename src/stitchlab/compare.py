@@ -195,16 +195,11 @@ def load_compare_config(path: str | Path, quick: bool = False) -> CompareSetting
     """The settings of a compare config: one ``[compare]`` table (plus ``name`` and
     ``description``); environment variables in paths are expanded."""
     import os
-    import tomllib
 
-    with open(path, "rb") as f:
-        raw = tomllib.load(f)
-    extra = sorted(set(raw) - {"compare", "name", "description"})
-    if extra or "compare" not in raw:
-        raise ValueError(f"{path}: a compare config has one [compare] table (and name, "
-                         f"description); got {sorted(raw)}")  # fmt: skip
+    from ._checks import read_table_config
+
     table = {k: os.path.expandvars(v) if isinstance(v, str) else v
-             for k, v in raw["compare"].items()}  # fmt: skip
+             for k, v in read_table_config(path, "compare").items()}  # fmt: skip
     return CompareSettings.from_table(table, Path(path).resolve().parent, quick=quick)
 
 

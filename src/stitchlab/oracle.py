@@ -286,15 +286,9 @@ def is_oracle_config(path: str | Path) -> bool:
 def load_oracle_config(path: str | Path, quick: bool = False) -> OracleSettings:
     """The settings of an oracle config: one ``[oracle]`` table (every key a field of
     :class:`OracleSettings`), plus ``name`` and ``description``."""
-    import tomllib
+    from ._checks import read_table_config
 
-    with open(path, "rb") as f:
-        raw = tomllib.load(f)
-    extra = sorted(set(raw) - {"oracle", "name", "description"})
-    if extra or "oracle" not in raw:
-        raise ValueError(f"{path}: an oracle config has one [oracle] table (and name, "
-                         f"description); got {sorted(raw)}")  # fmt: skip
-    return OracleSettings.from_table(dict(raw["oracle"]), quick=quick)
+    return OracleSettings.from_table(read_table_config(path, "oracle"), quick=quick)
 
 
 def _network_name(cues: Sequence[str], seed: int) -> str:
