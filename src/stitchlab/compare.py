@@ -398,8 +398,12 @@ def run_compare(
                     _estimate(s, front, back, data.image_size, cells, todo)))  # fmt: skip
     reference = _back_logits(back.model, test_set, s.device)
     _execute(s, front, back, stitch_set, test_set, reference, todo, store, progress)
-    rows = _aggregate(s, front, back, data, runs, store, reference)
-    _write(out, s, data, front, back, rows, runs, store, plan_skipped, time.time() - t0)
+    from .store import read_json
+
+    entries = {r["key"]: read_json(store / "compare" / f"{r['key']}.json") for r in runs}
+    rows = _aggregate(s, front, back, data, runs, entries)
+    _write(out, s, data, front, back, rows, [entries[r["key"]] for r in runs], plan_skipped,
+           time.time() - t0)  # fmt: skip
     import pandas as pd
 
     return pd.DataFrame(rows)
@@ -553,12 +557,10 @@ def _size_of(dataset: Dataset) -> tuple[int, int]:
     return int(x.shape[-2]), int(x.shape[-1])
 
 
-def _aggregate(s, front, back, data, runs, store, reference) -> list[dict[str, Any]]:
-    from .store import read_json
+def _aggregate(s, front, back, data, runs, entries) -> list[dict[str, Any]]:
 
     fd = dict(zip(front.points, _depths(front.points)))
     bd = dict(zip(back.points, _depths(back.points)))
-    entries = {r["key"]: read_json(store / "compare" / f"{r['key']}.json") for r in runs}
     cells: dict[tuple, dict[str, list]] = {}
     for r in runs:
         cell = cells.setdefault((r["front_point"], r["back_point"], r["objective"],
@@ -595,15 +597,14 @@ def _aggregate(s, front, back, data, runs, store, reference) -> list[dict[str, A
     return rows
 
 
-def _write(out, s, data, front, back, rows, runs, store, skipped, seconds) -> None:
+def _write(out, s, data, front, back, rows, per_run, skipped, seconds) -> None:
     import pandas as pd
 
-    from .store import read_json, write_json, write_text
+    from .store import write_json, write_text
 
     df = pd.DataFrame(rows)
     write_text(out / "results.csv", df.to_csv(index=False))
     df.to_parquet(out / "results.parquet", index=False)
-    per_run = [read_json(store / "compare" / f"{r['key']}.json") for r in runs]
     run_rows = [e["run"] | {k: e[k] for k in ("accuracy", "iri_median_error", "iri_flagged",
                                                "init_residual", "seconds")}
                 | {"agreement": 100 * float(_unpack(e["values"], e["n"]).mean()),
