@@ -11,9 +11,13 @@ __all__ = [
     "OBJECTIVES",
     "PROTOCOLS",
     "MARKERS",
+    "IMAGE_MARKERS",
+    "AUDIO_MARKERS",
     "METHODS",
     "DATA_KINDS",
     "DISK_KINDS",
+    "GENERATED_KINDS",
+    "SPEECH_KINDS",
     "DEVICE_KINDS",
     "RESULT_COLUMNS",
     "OBJECTIVE_LABELS",
@@ -23,18 +27,24 @@ __all__ = [
 
 OBJECTIVES: tuple[str, ...] = ("hlm", "slm", "dm", "fula")
 PROTOCOLS: tuple[str, ...] = ("standard", "iris")
-MARKERS: tuple[str, ...] = ("pixel+loc", "pixel", "rand")
+IMAGE_MARKERS: tuple[str, ...] = ("pixel+loc", "pixel", "rand")
+AUDIO_MARKERS: tuple[str, ...] = ("beep",)  # a class-coded tone (stitchlab.data.Beeped)
+MARKERS: tuple[str, ...] = IMAGE_MARKERS + AUDIO_MARKERS
 METHODS: tuple[str, ...] = ("standard", "adversarial", "simclr")
 DATA_KINDS: tuple[str, ...] = (
     "cues", "shapes", "cifar10", "mnist", "coloured_mnist",
-    "ls_imagenet10", "imagenet100", "imagenet_b100",
+    "ls_imagenet10", "imagenet100", "imagenet_b100", "spoken_digits", "spoken_words",
 )  # fmt: skip
-DISK_KINDS: tuple[str, ...] = DATA_KINDS[2:]
+#: Data generated from the config alone (no folder): images, and speech from espeak-ng.
+GENERATED_KINDS: tuple[str, ...] = ("cues", "shapes", "spoken_digits", "spoken_words")
+#: Waveform data (items ``(float32 (1, T) in [-1, 1], label)``), marked with AUDIO_MARKERS.
+SPEECH_KINDS: tuple[str, ...] = ("spoken_digits", "spoken_words")
+DISK_KINDS: tuple[str, ...] = tuple(k for k in DATA_KINDS if k not in GENERATED_KINDS)
 DEVICE_KINDS: tuple[str, ...] = ("cpu", "cuda", "mps")  # "cuda:1" etc. also accepted
 
 OBJECTIVE_LABELS = {"hlm": "HLM", "slm": "SLM", "dm": "DM", "fula": "FuLA"}
 PROTOCOL_LABELS = {"standard": "standard", "iris": "IRIs"}
-MARKER_LABELS = {"pixel+loc": "Pixel+Loc", "pixel": "Pixel", "rand": "Rand"}
+MARKER_LABELS = {"pixel+loc": "Pixel+Loc", "pixel": "Pixel", "rand": "Rand", "beep": "Beep"}
 
 # One row per stitch run of an experiment (results.csv / results.parquet).
 RESULT_COLUMNS: list[str] = [

@@ -25,11 +25,12 @@ from .folders import (
     ls_imagenet10,
 )
 from .markers import MODES as MARKER_MODES
-from .markers import Marked, distinct_colours, marker_colours, marker_size
+from .markers import Marked, PartlyMarked, distinct_colours, marker_colours, marker_size
 from .mnist import VARIANTS as COLOURED_MNIST_VARIANTS
 from .mnist import ColouredMNIST, coloured_mnist, download_mnist, mnist, read_idx
 from .safe_pickle import UnsafePickleError, safe_load
 from .speech import (
+    DIGITS,
     Beeped,
     EspeakNotFoundError,
     SpeechSynthesisError,
@@ -65,6 +66,7 @@ __all__ = [
     "LS_IMAGENET10_CLASSES",
     "IMAGENET100_CLASSES",
     "Marked",
+    "PartlyMarked",
     "MARKER_MODES",
     "distinct_colours",
     "marker_colours",
@@ -79,6 +81,7 @@ __all__ = [
     "DataFileError",
     "UnsafePickleError",
     "spoken_digits",
+    "DIGITS",
     "spoken_words",
     "WaveformDataset",
     "Beeped",

@@ -10,6 +10,7 @@ from torch.utils.data import Dataset, Subset, TensorDataset
 
 from .folders import ImageFolderDataset
 from .mnist import ColouredMNIST
+from .speech import WaveformDataset
 from .tensors import ImageTensorDataset
 
 __all__ = ["fingerprint", "hash_tensor"]
@@ -39,6 +40,10 @@ def _fingerprint_into(h, ds: Dataset) -> None:
         _fingerprint_into(h, ds.dataset)
     elif isinstance(ds, ImageTensorDataset) and ds.transform is None:
         hash_tensor(h, ds.images)
+        hash_tensor(h, ds.targets)
+    elif isinstance(ds, WaveformDataset) and ds.transform is None:
+        h.update(f"{ds.sample_rate}|{ds.classes}".encode())
+        hash_tensor(h, ds.waveforms)
         hash_tensor(h, ds.targets)
     elif isinstance(ds, TensorDataset):
         for t in ds.tensors:

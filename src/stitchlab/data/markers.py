@@ -21,12 +21,14 @@ import torch
 from torch import Tensor
 from torch.utils.data import Dataset
 
-from ..vocabulary import MARKERS
+from ..vocabulary import IMAGE_MARKERS
 from .tensors import labels_of
 
-__all__ = ["MODES", "distinct_colours", "marker_colours", "marker_size", "Marked"]
+__all__ = [
+    "MODES", "distinct_colours", "marker_colours", "marker_size", "Marked", "PartlyMarked",
+]  # fmt: skip
 
-MODES = MARKERS
+MODES = IMAGE_MARKERS
 _MASK64 = (1 << 64) - 1
 
 
@@ -163,3 +165,35 @@ class Marked(Dataset):
         x = x.clone()
         x[:, top : top + s, left : left + s] = colour.to(x.dtype)[:, None, None]
         return (x, y, *item[2:])
+
+
+class PartlyMarked(Dataset):
+    """Items of ``marked`` for a fixed ``rate`` of the indices, of ``clean`` for the rest:
+    training data for a partial shortcut (the marker predicts the class on only part of
+    the data, so the network must also learn the real cue). Item ``i`` is marked when a
+    uniform draw from ``(seed, i)`` falls below ``rate``; ``clean`` and ``marked`` must
+    index the same items (``marked`` wraps ``clean``)."""
+
+    def __init__(self, clean: Dataset, marked: Dataset, rate: float, *, seed: int = 0) -> None:
+        if not 0.0 < rate <= 1.0:
+            raise ValueError(f"a marker rate is a fraction in (0, 1], got {rate!r}")
+        if len(clean) != len(marked):  # type: ignore[arg-type]
+            raise ValueError(f"clean ({len(clean)}) and marked ({len(marked)}) sizes differ")  # type: ignore[arg-type]
+        self.clean, self.marked, self.rate, self.seed = clean, marked, float(rate), int(seed)
+        n = len(clean)  # type: ignore[arg-type]
+        g = torch.Generator().manual_seed(_mix(seed, n, 0x9A57))
+        self.is_marked = torch.rand(n, generator=g) < self.rate
+        for name in ("classes", "sample_rate"):
+            if hasattr(clean, name):
+                setattr(self, name, getattr(clean, name))
+
+    def __len__(self) -> int:
+        return len(self.clean)  # type: ignore[arg-type]
+
+    @property
+    def targets(self) -> Tensor:
+        """The labels (markers never change them)."""
+        return labels_of(self.clean)
+
+    def __getitem__(self, index: int):
+        return (self.marked if self.is_marked[index] else self.clean)[index]

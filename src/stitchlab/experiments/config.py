@@ -64,13 +64,15 @@ from pathlib import Path
 from typing import Any
 
 from ..vocabulary import (
+    AUDIO_MARKERS,
     DATA_KINDS,
     DEVICE_KINDS,
     DISK_KINDS,
-    MARKERS,
+    IMAGE_MARKERS,
     METHODS,
     OBJECTIVES,
     PROTOCOLS,
+    SPEECH_KINDS,
 )
 
 __all__ = ["ConfigError", "Experiment", "load_config", "stable_hash"]
@@ -78,8 +80,8 @@ __all__ = ["ConfigError", "Experiment", "load_config", "stable_hash"]
 
 _TOP = {"name", "description", "reductions", "data", "models", "pairs", "stitch", "iris", "run"}
 _DATA = {"kind", "root", "n_train", "n_test", "seed", "options", "num_classes"}
-_MODEL = {"arch", "options", "seed", "method", "marker", "recipe", "base", "robust_eval", "data",
-          "leaf_modules", "output", "layouts"}  # fmt: skip
+_MODEL = {"arch", "options", "seed", "method", "marker", "marker_rate", "recipe", "base",
+          "robust_eval", "data", "leaf_modules", "output", "layouts"}  # fmt: skip
 _TRACING = ("leaf_modules", "output", "layouts")
 _PAIR = {"front", "back", "marker"}
 # keys older configs carried that no code reads: refused, so nobody relies on them
@@ -196,7 +198,11 @@ def _validate(raw: dict[str, Any]) -> Experiment:
     _int(data["seed"], "[data] seed")
     if data["kind"] in DISK_KINDS and not data["root"]:
         raise ConfigError(f"[data] kind {data['kind']!r} needs a root folder (root = '...')")
+    _check_speech(data, "[data]")
     raw["data"] = data
+    speech = data["kind"] in SPEECH_KINDS
+    markers = AUDIO_MARKERS if speech else IMAGE_MARKERS
+    modality = "speech" if speech else "image"
 
     models = {}
     for name, spec in raw["models"].items():
@@ -207,6 +213,11 @@ def _validate(raw: dict[str, Any]) -> Experiment:
         _check_keys(full["data"], _DATA, f"{where} data")
         if "kind" in full["data"]:
             _one_of(full["data"]["kind"], DATA_KINDS, f"{where} data kind")
+            if (full["data"]["kind"] in SPEECH_KINDS) != speech:
+                raise ConfigError(f"{where} data kind {full['data']['kind']!r} is not {modality} "
+                                  f"data like [data] ({data['kind']!r}); a model trained on "
+                                  "it could not read the stitching data")  # fmt: skip
+            _check_speech({**data, **full["data"]}, f"{where} data")
         full["tracing"] = _check_tracing({k: full.pop(k) for k in _TRACING if k in full}, where)
         if not model_registry.is_known(str(full.get("arch"))):
             close = difflib.get_close_matches(str(full.get("arch")), model_registry.list_models())
@@ -220,7 +231,22 @@ def _validate(raw: dict[str, Any]) -> Experiment:
             raise ConfigError(f"{where} method 'random' is an untrained network (a null "
                               "front): it takes no recipe and no marker")  # fmt: skip
         if full["marker"] is not None:
-            _one_of(full["marker"], MARKERS, f"{where} marker")
+            _one_of(full["marker"], markers, f"{where} marker")
+        if "marker_rate" in full:
+            rate = full["marker_rate"]
+            if full["marker"] is None:
+                raise ConfigError(f"{where} marker_rate needs a marker")
+            if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0 < rate <= 1:
+                raise ConfigError(f"{where} marker_rate is the fraction of training items "
+                                  f"that carry the marker, in (0, 1]; got {rate!r}")  # fmt: skip
+        if speech and full["method"] != "random":
+            if full["recipe"].get("augment", False):
+                raise ConfigError(f"{where} recipe augment is an image flip + crop; speech "
+                                  "data has none: remove it or set augment = false")  # fmt: skip
+            if full["method"] != "standard":
+                raise ConfigError(f"{where} method {full['method']!r} is for images; speech "
+                                  "models are trained with method 'standard'")  # fmt: skip
+            full["recipe"] = {**full["recipe"], "augment": False}
         _one_of(full["base"], ("fast", "paper"), f"{where} base")
         _int(full["seed"], f"{where} seed")
         for key in ("options", "recipe"):
@@ -243,7 +269,7 @@ def _validate(raw: dict[str, Any]) -> Experiment:
                 raise ConfigError(f"{where} refers to model {m!r}, which [models] does not define")
         marker = spec.get("marker")
         if marker is not None:
-            _one_of(marker, MARKERS, f"{where} marker")
+            _one_of(marker, markers, f"{where} marker")
         pairs[name] = {"front": fronts, "back": spec["back"], "marker": marker}
     raw["pairs"] = pairs
 
@@ -337,6 +363,21 @@ def _check_device(device: Any) -> None:
         raise ConfigError(
             f"[run] device is {device!r}; use one of {', '.join(DEVICE_KINDS)} (or cuda:N)"
         )
+
+
+def _check_speech(data: dict, where: str) -> None:
+    """The words of ``spoken_words`` data, one per class."""
+    if data.get("kind") == "spoken_words":
+        words = data.get("options", {}).get("words")
+        if not isinstance(words, list) or len(words) < 2:
+            raise ConfigError(f"{where} kind 'spoken_words' needs options.words, a list of at "
+                              f"least 2 words (one per class); got {words!r}")  # fmt: skip
+        if len(words) != data["num_classes"]:
+            raise ConfigError(f"{where} num_classes is {data['num_classes']} but options.words "
+                              f"has {len(words)} words (one class per word)")  # fmt: skip
+    elif data.get("kind") == "spoken_digits" and data["num_classes"] != 10:
+        raise ConfigError(f"{where} spoken_digits has 10 classes; num_classes is "
+                          f"{data['num_classes']}")  # fmt: skip
 
 
 def _check_recipe(model: dict, where: str) -> None:

@@ -18,6 +18,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+from ..vocabulary import GENERATED_KINDS, SPEECH_KINDS
 from .config import ConfigError, stable_hash
 
 __all__ = [
@@ -32,7 +33,13 @@ __all__ = [
     "expected_fingerprint",
     "resolve_root",
     "test_data",
+    "with_speech_cache",
+    "SPEECH_CACHE_KEY",
 ]
+
+#: The key of a data table that says where synthesised speech is cached (set by the
+#: runner to ``store/data``; not part of any store key: the clips are keyed by content).
+SPEECH_CACHE_KEY = "cache"
 
 
 class ProcessCache:
@@ -102,6 +109,12 @@ def base_data(data: dict[str, Any], expected: str | None = None):
             x, y = gen(data["n_train"], seed=seed, **opts)[:2]
             xt, yt = gen(data["n_test"], seed=seed + 7919, **opts)[:2]
             return TensorDataset(x, y), TensorDataset(xt, yt)
+        if kind in SPEECH_KINDS:  # espeak-ng, cached by content next to the store
+            words = D.DIGITS if kind == "spoken_digits" else opts.pop("words")
+            return D.spoken_words(
+                words, data["n_train"], data["n_test"], seed=seed,
+                cache=data.get(SPEECH_CACHE_KEY) or None, **opts,
+            )  # fmt: skip
         root = resolve_root(data)
         if kind == "mnist":  # padded to 32x32 in colour, so that CIFAR-sized models take it
             opts = {"channels": 3, "size": 32, **opts}
@@ -124,7 +137,7 @@ def base_data(data: dict[str, Any], expected: str | None = None):
 
 def _where(data: dict[str, Any]) -> str:
     """A process-cache key of a table: its text and the folder it resolves to now."""
-    root = resolve_root(data) if data["kind"] not in ("cues", "shapes") else ""
+    root = resolve_root(data) if data["kind"] not in GENERATED_KINDS else ""
     return stable_hash([data, os.path.realpath(root) if root else ""])
 
 
@@ -157,7 +170,7 @@ def content_key(exp_raw: dict[str, Any], table: dict[str, Any]) -> dict[str, Any
             "run_experiment, which computes them."
         )
     return {
-        "table": {k: v for k, v in table.items() if k != "root"},
+        "table": {k: v for k, v in table.items() if k not in ("root", SPEECH_CACHE_KEY)},
         "content": fps[stable_hash(table)],
     }
 
@@ -167,14 +180,41 @@ def expected_fingerprint(exp_raw: dict[str, Any], table: dict[str, Any]) -> str 
     return (exp_raw.get("fingerprints") or {}).get(stable_hash(table))
 
 
-def marked(dataset, marker: str | None, data: dict[str, Any], rolled: bool = False):
-    """``dataset`` with the pair's marker (unchanged without one)."""
+def marked(
+    dataset, marker: str | None, data: dict[str, Any], rolled: bool = False, rate: float = 1.0
+):
+    """``dataset`` with the pair's marker (unchanged without one): an image marker
+    (:class:`~stitchlab.data.Marked`) or the class-coded beep of speech
+    (:class:`~stitchlab.data.Beeped`). With ``rate`` < 1 only that fraction of the items
+    (a fixed draw from the data seed) carry it: a partial shortcut to train on."""
     if marker is None:
         return dataset
-    from ..data import Marked
+    from ..data import Beeped, Marked
 
-    return Marked(dataset, marker, num_classes=data["num_classes"], seed=data["seed"],
-                  rolled=rolled)  # fmt: skip
+    if marker == "beep":
+        rate_hz = data["options"].get("sample_rate", 8000)
+        out = Beeped(dataset, num_classes=data["num_classes"], seed=data["seed"],
+                     rolled=rolled, sample_rate=rate_hz)  # fmt: skip
+    else:
+        out = Marked(dataset, marker, num_classes=data["num_classes"], seed=data["seed"],
+                     rolled=rolled)  # fmt: skip
+    if rate < 1.0:
+        from ..data import PartlyMarked
+
+        out = PartlyMarked(dataset, out, rate, seed=data["seed"])
+    return out
+
+
+def with_speech_cache(raw: dict[str, Any], folder: str) -> dict[str, Any]:
+    """``raw`` with every speech data table caching its clips under ``folder``."""
+    def table(t: dict[str, Any]) -> dict[str, Any]:
+        return {**t, SPEECH_CACHE_KEY: folder} if t.get("kind") in SPEECH_KINDS else t
+
+    models = {
+        name: {**spec, "data": table(spec["data"])} if spec.get("data") else spec
+        for name, spec in raw["models"].items()
+    }
+    return {**raw, "data": table(raw["data"]), "models": models}
 
 
 def test_data(exp_raw: dict[str, Any]):

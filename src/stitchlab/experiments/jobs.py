@@ -258,6 +258,7 @@ def train_job(job: TrainJob) -> dict[str, Any]:
             else paper_recipe(spec["arch"], **recipe_opts)
         )
         train, test = base_data(data, expected_fingerprint(exp_raw, data))
+        training = marked(train, spec["marker"], data, rate=spec.get("marker_rate", 1.0))
         tests = {"clean": test}
         if spec["marker"]:
             tests["marked"] = marked(test, spec["marker"], data)
@@ -272,13 +273,13 @@ def train_job(job: TrainJob) -> dict[str, Any]:
                 description={"experiment_model": name, "marker": spec["marker"], "data": data},
             )  # fmt: skip
             try:
-                result = train_model(model, marked(train, spec["marker"], data), **kwargs)
+                result = train_model(model, training, **kwargs)
             except CheckpointError as exc:  # a damaged training state: start that model over
                 if not (out / STATE_FILE).exists():
                     raise
                 log.warning("%s; starting %s over", exc, name)
                 (out / STATE_FILE).unlink()
-                result = train_model(model, marked(train, spec["marker"], data), **kwargs)
+                result = train_model(model, training, **kwargs)
     return {"model": name, "reused": False, "evaluation": result.evaluation}
 
 

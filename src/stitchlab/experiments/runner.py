@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from ..store import write_json
-from ..vocabulary import RESULT_COLUMNS
+from ..vocabulary import GENERATED_KINDS, RESULT_COLUMNS, SPEECH_KINDS
 from .config import ConfigError, Experiment, load_config
-from .datasets import fingerprints, model_data, resolve_root
+from .datasets import fingerprints, model_data, resolve_root, with_speech_cache
 from .executors import LocalExecutor, RayExecutor
 from .jobs import (
     CKAJob,
@@ -70,8 +70,12 @@ def preflight(exp: Experiment) -> None:
 
     for name in [None, *exp.models]:
         table = model_data(exp.raw, name)
-        if table["kind"] not in ("cues", "shapes"):
+        if table["kind"] not in GENERATED_KINDS:
             resolve_root(table)
+        elif table["kind"] in SPEECH_KINDS:
+            from ..data.speech import espeak_version
+
+            espeak_version()  # EspeakNotFoundError: says how to install espeak-ng
     device = exp.run["device"]
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise ConfigError(
@@ -116,7 +120,7 @@ def run_experiment(
     store.mkdir(parents=True, exist_ok=True)
     start = time.time()
     # the data are read once here and keyed by content; every job checks the fingerprint
-    raw = with_fingerprints(exp.raw)
+    raw = with_fingerprints(with_speech_cache(exp.raw, str(store / "data")))
     ctx = RunContext(raw, str(store))
     summary = RunSummary(experiment=exp.name, out=str(out), executor=executor.name)
 

@@ -64,21 +64,31 @@ def write_examples(path: Path, exp_raw: dict[str, Any], iri_paths: dict, k: int)
     from safetensors.numpy import save_file
 
     from ..iris import IRISet, quantise
+    from ..vocabulary import SPEECH_KINDS
     from .datasets import stitch_data
+
+    data_table = exp_raw["data"]
+    audio = data_table["kind"] in SPEECH_KINDS  # waveforms: float32, with their sample rate
+
+    def stored(xs: list) -> np.ndarray:
+        x = torch.stack(xs)
+        return x.float().numpy() if audio else quantise(x).numpy()
 
     tensors: dict[str, np.ndarray] = {}
     meta: dict[str, str] = {}
+    if audio:
+        meta["sample_rate"] = str(int(data_table["options"].get("sample_rate", 8000)))
     for (front, point, marker), info in sorted(iri_paths.items(), key=lambda kv: str(kv[0])):
         key = f"iris/{front}/{point}"
         if key in tensors:
             continue
         iri_set = IRISet(info["path"])
         n = min(k, len(iri_set))
-        tensors[key] = quantise(torch.stack([iri_set[i][0] for i in range(n)])).numpy()
+        tensors[key] = stored([iri_set[i][0] for i in range(n)])
         meta[f"errors/{front}/{point}"] = json.dumps(
             [round(float(e), 4) for e in iri_set.rel_error[:n]]
         )
         if "source" not in tensors:
             data = stitch_data(exp_raw, marker)
-            tensors["source"] = quantise(torch.stack([data[i][0] for i in range(n)])).numpy()
+            tensors["source"] = stored([data[i][0] for i in range(n)])
     atomic_write(path, lambda p: save_file(tensors, p, metadata=meta))

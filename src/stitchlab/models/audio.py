@@ -111,6 +111,7 @@ class MelCNN(nn.Module):
         self.fc = nn.Linear(chans[-1], num_classes)
         self.stitchlab_points = [f"blocks.{i}" for i in range(len(chans))]
         self.stitchlab_input_shape = (1, int(sample_rate))  # (channels, samples): 1 s
+        self.sample_rate = int(sample_rate)  # Hz of the waveforms it reads
         _init(self)
 
     def forward(self, x: Tensor) -> Tensor:  # noqa: D102
@@ -143,6 +144,7 @@ class WaveCNN(nn.Module):
         self.fc = nn.Linear(c_in, num_classes)
         self.stitchlab_points = [f"blocks.{i}" for i in range(len(chans))]
         self.stitchlab_input_shape = (1, int(sample_rate))
+        self.sample_rate = int(sample_rate)
         _init(self)
 
     def forward(self, x: Tensor) -> Tensor:  # noqa: D102
@@ -151,10 +153,15 @@ class WaveCNN(nn.Module):
 
 @register("mel_cnn")
 def mel_cnn(
-    num_classes: int = 10, width: int = 32, sample_rate: int = 8000, n_mels: int = 40
+    num_classes: int = 10,
+    width: int = 32,
+    sample_rate: int = 8000,
+    n_mels: int = 40,
+    n_fft: int = 256,
+    hop: int = 80,
 ) -> nn.Module:
     """The log-mel CNN for speech (input ``(N, 1, T)``, waveforms in [-1, 1])."""
-    return MelCNN(num_classes, width, sample_rate, n_mels)
+    return MelCNN(num_classes, width, sample_rate, n_mels, n_fft, hop)
 
 
 @register("wave_cnn")

@@ -29,6 +29,8 @@ td.num { text-align: right; font-variant-numeric: tabular-nums; white-space: now
 tr:nth-child(even) td { background: #fafafa; }
 .note { color: #555; font-size: 0.92em; }
 .skipped li { color: #8a5a00; }
+table.audio td { vertical-align: top; font-size: 0.85em; }
+table.audio audio { width: 190px; height: 32px; display: block; }
 """
 
 
@@ -52,6 +54,16 @@ class TableEntry:
     table: pd.DataFrame
     caption: str = ""
     numeric: Sequence[str] = ()
+
+
+@dataclass
+class AudioEntry:
+    """A grid of audio players: ``rows`` of ``(label, [(wav bytes, caption), ...])``."""
+
+    anchor: str
+    title: str
+    caption: str
+    rows: Sequence[tuple[str, Sequence[tuple[bytes, str]]]]
 
 
 def fmt(value: object, digits: int = 1) -> str:
@@ -93,8 +105,9 @@ def page(
     figures: Sequence[FigureEntry],
     tables: Sequence[TableEntry],
     skipped: Sequence[str],
+    audio: Sequence[AudioEntry] = (),
 ) -> str:
-    """The whole HTML document."""
+    """The whole HTML document (audio players, as embedded WAV, after the figures)."""
     out = [
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',
@@ -103,7 +116,8 @@ def page(
         f"<h1>{escape(title)}</h1>",
     ]
     out += [f'<p class="meta"><b>{escape(k)}:</b> {escape(v)}</p>' for k, v in meta]
-    toc = [(f.anchor, f.title) for f in figures] + [(t.anchor, t.title) for t in tables]
+    toc = [(f.anchor, f.title) for f in figures] + [(a.anchor, a.title) for a in audio]
+    toc += [(t.anchor, t.title) for t in tables]
     if skipped:
         toc.append(("skipped", "Not shown"))
     out.append("<nav><ul>")
@@ -119,6 +133,17 @@ def page(
             f"<figcaption>{escape(f.caption)} <span class='note'>Files: {links}</span>"
             "</figcaption></figure></section>",
         ]
+    for a in audio:
+        out += [f'<section id="{escape(a.anchor)}"><h2>{escape(a.title)}</h2>',
+                f'<p class="note">{escape(a.caption)}</p><table class="audio"><tbody>']  # fmt: skip
+        for label, clips in a.rows:
+            cells = "".join(
+                '<td><audio controls preload="none" src="data:audio/wav;base64,'
+                f'{base64.b64encode(wav).decode("ascii")}"></audio>{escape(text)}</td>'
+                for wav, text in clips
+            )
+            out.append(f"<tr><th>{escape(label)}</th>{cells}</tr>")
+        out.append("</tbody></table></section>")
     for t in tables:
         out.append(f'<section id="{escape(t.anchor)}"><h2>{escape(t.title)}</h2>')
         if t.caption:

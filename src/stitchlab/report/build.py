@@ -18,7 +18,9 @@ from . import _html
 from .figures import (
     STYLE,
     Spread,
+    example_rows,
     plot_agreement_curves,
+    plot_audio_examples,
     plot_cka,
     plot_excess_agreement,
     plot_iri_examples,
@@ -27,7 +29,7 @@ from .figures import (
     plot_robust_curves,
     robust_pairs,
 )
-from .inputs import RunData, load_run
+from .inputs import IRIExamples, RunData, load_run, wav_bytes
 from .tables import (
     front_reference,
     infer_num_classes,
@@ -117,6 +119,7 @@ class _Builder:
         self.figures: list[_html.FigureEntry] = []
         self.tables: list[_html.TableEntry] = []
         self.skipped: list[str] = list(data.notes)
+        self.audio: list[_html.AudioEntry] = []
         self._names: set[str] = set()
 
     def figure(self, name: str, title: str, caption: str, make: Callable[[], Figure]) -> None:
@@ -140,6 +143,36 @@ class _Builder:
     def table(self, anchor: str, title: str, table: pd.DataFrame, caption: str = "") -> None:
         numeric = [c for c in table.columns if c not in _TEXT_COLUMNS]
         self.tables.append(_html.TableEntry(anchor, title, table, caption, numeric))
+
+
+_SCALE = "Power in dB, 80 dB range, one colour scale."
+
+
+def _audio_examples(b: _Builder, examples: IRIExamples, point_order: dict[str, int]) -> None:
+    """Waveform and spectrogram figures of the example IRIs, and players to listen to them."""
+    what = ("Top row: source clips (with the pair's marker); below: their IRIs for each front "
+            "model and stitch point, clips the front represents like the source.")  # fmt: skip
+    for kind in ("spectrogram", "waveform"):
+        b.figure(
+            f"iris-{kind}s",
+            f"Example IRIs: {kind}s",
+            f"{what} {_SCALE if kind == 'spectrogram' else ''} Title: relative representation "
+            "error.",
+            lambda kind=kind: plot_audio_examples(examples, kind=kind, point_order=point_order),
+        )  # fmt: skip
+    rows, k = example_rows(examples, point_order, max_examples=3)
+    rate = int(examples.sample_rate)  # type: ignore[arg-type]
+    b.audio.append(_html.AudioEntry(
+        "audio-iris", "Listen: sources and their IRIs",
+        f"{what} Played as stored ({rate} Hz, not normalised: an IRI may be quieter or "
+        "louder than its source). What sounds different but is represented the same is an "
+        "invariance of the front model up to that point.",
+        [(label.replace("\n", " at "), [
+            (wav_bytes(clips[c], rate), f"err {errs[c]:.3f}" if errs and c < len(errs) else "")
+            for c in range(k)
+        ]) for label, key, clips in rows
+         for errs in [examples.errors.get(key) if key is not None else None]],
+    ))  # fmt: skip
 
 
 def make_report(
@@ -252,7 +285,12 @@ def make_report(
         )
     else:
         b.skipped.append("IRI quality: results.csv has no iri_* values for the IRI protocol.")
-    if data.examples is not None:
+    if data.examples is not None and data.examples.is_audio:
+        if data.examples.iris:
+            _audio_examples(b, data.examples, point_order)
+        else:
+            b.skipped.append("Example IRIs: iris_examples.safetensors holds no iris/* tensors.")
+    elif data.examples is not None:
         if data.examples.iris:
             b.figure(
                 "iris-examples",
@@ -349,7 +387,7 @@ def make_report(
         ("Run directory", str(data.run_dir)),
     ]
     title = "stitchlab report" + (f": {', '.join(experiments)}" if any(experiments) else "")
-    html = _html.page(title, meta, b.figures, b.tables, b.skipped)
+    html = _html.page(title, meta, b.figures, b.tables, b.skipped, b.audio)
     out = data.run_dir / "report.html"
     tmp = out.with_suffix(".html.tmp")
     tmp.write_text(html, encoding="utf-8")

@@ -40,6 +40,8 @@ __all__ = [
     "plot_excess_agreement",
     "plot_cka",
     "plot_iri_examples",
+    "plot_audio_examples",
+    "spectrogram",
     "plot_iri_quality",
     "plot_layer_averages",
     "robust_pairs",
@@ -572,20 +574,10 @@ def plot_iri_examples(
 ) -> Figure:
     """Source images (top row) and their IRIs, one row per front and stitch point, one
     column per example; the relative error of each IRI in its title when recorded."""
-    order = point_order or {}
-    fronts = ordered(f for f, _ in examples.iris)
-    keys = sorted(
-        examples.iris,
-        key=lambda k: (fronts.index(k[0]), order.get(k[1], math.inf), list(examples.iris).index(k)),
-    )
-    k = min([len(examples.source), *(len(examples.iris[key]) for key in keys)])
-    k = max(1, min(k, max_examples))
-    nrows = 1 + len(keys)
+    rows, k = example_rows(examples, point_order, max_examples)
     cell = 1.0
-    fig = _figure(1.3 + cell * k, 0.35 + (cell + 0.18) * nrows)
-    axes = fig.subplots(nrows, k, squeeze=False)
-    rows = [("source", None, examples.source), *((f"{f}\n{p}", (f, p), examples.iris[(f, p)])
-                                                 for f, p in keys)]  # fmt: skip
+    fig = _figure(1.3 + cell * k, 0.35 + (cell + 0.18) * len(rows))
+    axes = fig.subplots(len(rows), k, squeeze=False)
     for r, (label, key, images) in enumerate(rows):
         errors = examples.errors.get(key) if key is not None else None
         for c in range(k):
@@ -607,6 +599,81 @@ def plot_iri_examples(
             if c == 0:
                 ax.set_ylabel(label, rotation=0, ha="right", va="center", fontsize=8,
                               labelpad=6)  # fmt: skip
+    if title:
+        fig.suptitle(title, fontweight="bold")
+    return fig
+
+
+def example_rows(
+    examples: IRIExamples, point_order: Mapping[str, int] | None = None, max_examples: int = 8
+) -> tuple[list[tuple[str, tuple[str, str] | None, np.ndarray]], int]:
+    """The rows of an example grid, ``(label, (front, point) or None, arrays)``: the
+    sources first, then each front's IRIs by stitch point; and the number of columns."""
+    order = point_order or {}
+    fronts = ordered(f for f, _ in examples.iris)
+    keys = sorted(
+        examples.iris,
+        key=lambda k: (fronts.index(k[0]), order.get(k[1], math.inf), list(examples.iris).index(k)),
+    )
+    k = min([len(examples.source), *(len(examples.iris[key]) for key in keys)])
+    rows = [("source", None, examples.source), *((f"{f}\n{p}", (f, p), examples.iris[(f, p)])
+                                                 for f, p in keys)]  # fmt: skip
+    return rows, max(1, min(k, max_examples))
+
+
+def spectrogram(
+    x: np.ndarray, sample_rate: int, n_fft: int = 256, hop: int = 64
+) -> tuple[np.ndarray, float]:
+    """Power spectrogram of a mono waveform in dB (``(n_fft // 2 + 1, frames)``, Hann
+    window, 1e-10 floor) and the seconds per frame."""
+    x = np.asarray(x, dtype=np.float64).reshape(-1)
+    if len(x) < n_fft:
+        x = np.pad(x, (0, n_fft - len(x)))
+    frames = 1 + (len(x) - n_fft) // hop
+    idx = np.arange(n_fft)[None, :] + hop * np.arange(frames)[:, None]
+    spec = np.abs(np.fft.rfft(x[idx] * np.hanning(n_fft), axis=1)) ** 2
+    return 10 * np.log10(spec.T + 1e-10), hop / sample_rate
+
+
+@_styled
+def plot_audio_examples(
+    examples: IRIExamples,
+    *,
+    kind: Literal["waveform", "spectrogram"] = "spectrogram",
+    point_order: Mapping[str, int] | None = None,
+    max_examples: int = 4,
+    title: str | None = None,
+) -> Figure:
+    """Source clips (top row) and their IRIs, one row per front and stitch point, one
+    column per example, as waveforms or as spectrograms (dB, one colour scale for the
+    whole figure: 80 dB below the loudest source); the relative error in each title."""
+    if not examples.is_audio:
+        raise ValueError("these examples are images; use plot_iri_examples")
+    rate = int(examples.sample_rate)  # type: ignore[arg-type]
+    rows, k = example_rows(examples, point_order, max_examples)
+    fig = _figure(1.6 + 2.0 * k, 0.4 + 1.05 * len(rows))
+    axes = fig.subplots(len(rows), k, squeeze=False, sharex=True, sharey=True)
+    top = max(float(spectrogram(c[0], rate)[0].max()) for c in examples.source[:k])
+    for r, (label, key, clips) in enumerate(rows):
+        errors = examples.errors.get(key) if key is not None else None
+        for c in range(k):
+            ax, x = axes[r, c], np.asarray(clips[c], dtype=np.float64).mean(axis=0)
+            if kind == "waveform":
+                ax.plot(np.arange(len(x)) / rate, x, lw=0.4, color="C0" if key is None else "C3")
+                ax.set_ylim(-1, 1)
+            else:
+                spec, dt = spectrogram(x, rate)
+                ax.imshow(spec, origin="lower", aspect="auto", cmap="magma", vmin=top - 80,
+                          vmax=top, extent=(0, dt * spec.shape[1], 0, rate / 2000))  # fmt: skip
+                ax.grid(False)
+            ax.tick_params(labelsize=6)
+            if errors is not None and c < len(errors):
+                ax.set_title(f"err {errors[c]:.3f}", fontsize=7, pad=2)
+            elif r == 0:
+                ax.set_title(f"#{c + 1}", fontsize=7, pad=2)
+            if c == 0:
+                ax.set_ylabel(label, rotation=0, ha="right", va="center", fontsize=8, labelpad=6)
+    axes[-1, 0].set_xlabel("s" if kind == "waveform" else "s (y: kHz)", fontsize=7)
     if title:
         fig.suptitle(title, fontweight="bold")
     return fig

@@ -23,6 +23,7 @@ __all__ = [
     "load_cka",
     "load_iris_examples",
     "load_run",
+    "wav_bytes",
 ]
 
 RESULTS_FILE = "results.csv"
@@ -75,11 +76,18 @@ class MissingResultsError(ReportInputError, FileNotFoundError):
 @dataclass
 class IRIExamples:
     """Example IRIs: ``source`` (k, C, H, W) uint8 and ``iris[(front, point)]`` likewise,
-    with the relative errors ``errors[(front, point)]`` when the file records them."""
+    with the relative errors ``errors[(front, point)]`` when the file records them. Audio
+    examples (``sample_rate`` set) are float32 waveforms (k, 1, T) in [-1, 1]."""
 
     source: np.ndarray
     iris: dict[tuple[str, str], np.ndarray]
     errors: dict[tuple[str, str], list[float]] = field(default_factory=dict)
+    sample_rate: int | None = None  # None: images
+
+    @property
+    def is_audio(self) -> bool:
+        """True for waveform examples."""
+        return self.sample_rate is not None
 
 
 @dataclass
@@ -247,12 +255,44 @@ def load_iris_examples(path: str | os.PathLike[str]) -> IRIExamples:
                 continue
             errors[(front, point)] = errs
     named = {"source": arrays["source"], **{f"iris/{f}/{p}": a for (f, p), a in iris.items()}}
+    if "sample_rate" in meta:  # waveforms
+        try:
+            rate = int(meta["sample_rate"])
+        except ValueError:
+            raise ReportInputError(f"{path.name} ({path}): sample_rate {meta['sample_rate']!r} "
+                                   "is not an integer") from None  # fmt: skip
+        for name, a in named.items():
+            if a.ndim != 3 or a.dtype != np.float32:
+                raise ReportInputError(
+                    f"{path.name} ({path}): audio tensor {name!r} has shape {a.shape} "
+                    f"({a.dtype}), expected float32 (k, 1, T)"
+                )
+        return IRIExamples(source=arrays["source"], iris=iris, errors=errors, sample_rate=rate)
     for name, a in named.items():
         if a.ndim != 4 or a.shape[1] not in (1, 3):
             raise ReportInputError(
                 f"{path.name} ({path}): tensor {name!r} has shape {a.shape}, expected (k, 3, H, W)"
             )
     return IRIExamples(source=arrays["source"], iris=iris, errors=errors)
+
+
+def wav_bytes(x: np.ndarray, sample_rate: int) -> bytes:
+    """A waveform in [-1, 1] (any shape; channels averaged when (C, T)) as 16-bit mono
+    WAV file bytes, for the report's audio players."""
+    import io
+    import wave
+
+    x = np.asarray(x, dtype=np.float64)
+    if x.ndim == 2:
+        x = x.mean(axis=0)
+    pcm = np.round(np.clip(x.reshape(-1), -1.0, 1.0) * 32767).astype("<i2")
+    buf = io.BytesIO()
+    with wave.open(buf, "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(int(sample_rate))
+        w.writeframes(pcm.tobytes())
+    return buf.getvalue()
 
 
 def _header_only(path: Path) -> bool:
