@@ -302,10 +302,12 @@ def test_compare_grid_draws_a_heat_map(tmp_path, folder):
     assert "Every front point into every back point" in (tmp_path / "o" / "report.html").read_text()
 
 
-def test_compare_refuses_speech_models(tmp_path, folder):
+def test_compare_speech_models_on_images_is_a_clear_error(tmp_path, folder):
+    """Speech models read waveforms: an image folder is refused before anything runs (not a
+    shape error from inside torch); tests/test_compare_audio.py compares them on audio."""
     from stitchlab import models
 
     path = models.save(models.create("wave_cnn"), tmp_path / "w.safetensors")
     s = CompareSettings.quick(front=str(path), back=str(path), data=str(folder))
-    with pytest.raises(ValueError, match="supports image models"):
+    with pytest.raises(ValueError, match=r"No \.wav files in .*speech models read audio"):
         run_compare(s, tmp_path / "o", progress=False, echo=lambda _: None)

@@ -18,7 +18,8 @@ EXAMPLES = {
     "layers": "stitchlab layers resnet18 --width 16\n  stitchlab layers vit_tiny_patch4_32\n  "
     "stitchlab layers torchvision:swin_t --input-size 64\n  "
     "stitchlab layers timm:maxvit_rmlp_pico_rw_256 --option img_size=64 --all",
-    "demo": "stitchlab demo --out demo-out\n  stitchlab demo --out /tmp/d --quick",
+    "demo": "stitchlab demo --out demo-out\n  stitchlab demo --out /tmp/d --quick\n"
+    "  stitchlab demo audio --out audio-out [--quick]",
     "oracle": "stitchlab oracle --quick --out /tmp/o\n  "
     "stitchlab oracle --seed 1 --out runs/oracle\n  "
     "stitchlab oracle --config configs/oracle.toml --out runs/oracle",
@@ -37,7 +38,8 @@ EXAMPLES = {
     "--back-weights b.pth --data my_images/ --out runs/cmp\n  "
     "stitchlab compare runs/a/store/models/seed1-*/model.safetensors "
     "runs/a/store/models/back-*/model.safetensors --data data/cifar10 --out runs/cmp --quick\n  "
-    "stitchlab compare m1.safetensors m2.safetensors --data images.npz --points grid --out g",
+    "stitchlab compare m1.safetensors m2.safetensors --data images.npz --points grid --out g\n  "
+    "stitchlab compare mel.safetensors wave.safetensors --data my_wavs/ --out runs/speech",
 }
 
 
@@ -121,7 +123,8 @@ def _cmd_layers(args: argparse.Namespace) -> int:
 def _cmd_demo(args: argparse.Namespace) -> int:
     from .experiments import builtin_config, run_experiment
 
-    config = builtin_config("demo_quick" if args.quick else "demo")
+    name = "demo" if args.modality == "images" else "demo_audio"
+    config = builtin_config(name + ("_quick" if args.quick else ""))
     summary = run_experiment(config, args.out, progress=not args.no_progress)
     _report(args.out, quiet=args.no_progress)
     _print_finding(Path(args.out) / "results.csv")
@@ -171,7 +174,8 @@ def _cmd_compare(args: argparse.Namespace) -> int:
 
 _COMPARE_ARGS = ("front_weights", "back_weights", "front_num_classes", "back_num_classes",
                  "front_size", "back_size", "front_mean", "front_std", "back_mean", "back_std",
-                 "image_size", "test_fraction", "n_points", "objectives", "protocols", "seeds",
+                 "front_rate", "back_rate", "clip_seconds", "image_size", "test_fraction",
+                 "n_points", "objectives", "protocols", "seeds",
                  "null_seeds", "n_stitch", "n_test", "n_init", "epochs", "lr", "iri_steps",
                  "device")  # fmt: skip
 
@@ -389,8 +393,12 @@ def _parser() -> argparse.ArgumentParser:
     lay.set_defaults(func=_cmd_layers)
 
     demo = add("demo", "The main job: train small networks on generated data, stitch them.")
+    demo.add_argument("modality", nargs="?", default="images", choices=("images", "audio"),
+                      help="images (generated shapes, the default) or audio (spoken digits "
+                      "synthesised with espeak-ng)")  # fmt: skip
     demo.add_argument("--out", required=True, help="output folder")
-    demo.add_argument("--quick", action="store_true", help="a smaller run (under 2 minutes)")
+    demo.add_argument("--quick", action="store_true",
+                      help="a smaller run (images: under 2 minutes; audio: under 3)")  # fmt: skip
     demo.add_argument("--no-progress", action="store_true")
     demo.set_defaults(func=_cmd_demo)
 
@@ -409,7 +417,8 @@ def _parser() -> argparse.ArgumentParser:
                       "timm:NAME or hf:FOLDER")  # fmt: skip
     cmp_.add_argument("back", nargs="?", help="the same kinds as FRONT")
     cmp_.add_argument("--data", help="image folder, CIFAR-10 folder, .npz, .safetensors or a "
-                      "Hugging Face datasets folder")  # fmt: skip
+                      "Hugging Face datasets folder; for speech models a folder of .wav files "
+                      "(or waveforms in a .npz/.safetensors)")  # fmt: skip
     cmp_.add_argument("--out", required=True, help="output folder (tables, figures, report)")
     cmp_.add_argument("--store", default=None, help="run store (default OUT/store)")
     cmp_.add_argument("--config", default=None, help="a TOML file with a [compare] table")
@@ -424,6 +433,10 @@ def _parser() -> argparse.ArgumentParser:
                           help=f"image side the {side} model reads (default: its own)")
         cmp_.add_argument(f"--{side}-mean", type=float, nargs=3, default=None)
         cmp_.add_argument(f"--{side}-std", type=float, nargs=3, default=None)
+        cmp_.add_argument(f"--{side}-rate", type=int, default=None, metavar="HZ",
+                          help=f"sample rate the {side} speech model reads (default: its own)")
+    cmp_.add_argument("--clip-seconds", type=float, default=None,
+                      help="seconds of audio each speech model reads (default: its own)")
     cmp_.add_argument("--image-size", type=int, default=None,
                       help="resize (and centre-crop) the data's images to this side")
     cmp_.add_argument("--test-fraction", type=float, default=None)
@@ -440,7 +453,8 @@ def _parser() -> argparse.ArgumentParser:
     cmp_.add_argument("--n-init", type=int, default=None)
     cmp_.add_argument("--epochs", type=int, default=None, help="stitch epochs (6)")
     cmp_.add_argument("--lr", type=float, default=None)
-    cmp_.add_argument("--iri-steps", type=int, default=None, help="IRI optimisation steps (200)")
+    cmp_.add_argument("--iri-steps", type=int, default=None,
+                      help="IRI optimisation steps (200 for images, 300 for audio)")
     cmp_.add_argument("--device", default=None, help="cpu (default), cuda, cuda:1, ...")
     _add_random_init(cmp_)
     cmp_.add_argument("--no-progress", action="store_true")

@@ -27,6 +27,15 @@ matched to the back point at the nearest relative depth (depth = (index + 1) / n
 points); ``points=["a", "b:c"]`` names them (``b:c`` front point b into back point c);
 ``points="grid"`` stitches every chosen front point into every chosen back point.
 
+Speech models (``mel_cnn``, ``wave_cnn``, or any model whose ``stitchlab_input_shape`` is
+``(channels, samples)``) compare the same way on audio (a folder of ``.wav`` files, or
+waveforms in a .npz/.safetensors file): both read the same waveforms in [-1, 1], loaded at
+the higher of the two models' sample rates and as long as the longer of their clips; each
+model resamples them to its own rate and pads or crops them to its own clip length inside
+its wrapper (:class:`~stitchlab.models.sources.WithAudioInput`), so IRIs live in the shared
+waveform space. IRIs of audio use the ``audio`` recipe preset (a quiet Gaussian start,
+the box (-1, 1), int16 storage). An image model cannot be compared with a speech model.
+
 Each run is stored (``store/compare/<key>.json``, keyed by both models' weights and input
 pipelines, the data, the points and every setting) as soon as it finishes, so an
 interrupted comparison resumes without losing finished runs; IRI sets are cached in
@@ -72,11 +81,15 @@ class CompareSettings:
     """Everything a comparison depends on (a config's ``[compare]`` table has these keys).
 
     ``front``/``back``: model sources; ``*_weights``: their weights files; ``*_size``,
-    ``*_mean``, ``*_std``: override a model's input pipeline; ``data``: the data path
-    (``image_size`` resizes its images, ``test_fraction`` splits a folder without
-    train/test folders). ``points``: ``"depth"``, ``"grid"`` or a list (see the module
-    docstring). ``null_seeds``: random fronts per cell (default: ``seeds``; 0 turns the
-    null off).
+    ``*_mean``, ``*_std``: override an image model's input pipeline; ``*_rate``: the sample
+    rate (Hz) a speech model reads (needed when the model does not say; a registry speech
+    model is built at it); ``clip_seconds``: the seconds of audio every speech model reads
+    (default: each model's own clip length); ``data``: the data path (``image_size`` resizes
+    its images, ``test_fraction`` splits a folder without train/test folders). ``points``:
+    ``"depth"``, ``"grid"`` or a list (see the module docstring). ``null_seeds``: random
+    fronts per cell (default: ``seeds``; 0 turns the null off). ``iri_steps``: IRI
+    optimisation steps (default: the IRI recipe's, 200 for images and the ``audio``
+    preset's 300 for speech models).
     """
 
     front: str
@@ -93,6 +106,9 @@ class CompareSettings:
     front_std: tuple[float, ...] | None = None
     back_mean: tuple[float, ...] | None = None
     back_std: tuple[float, ...] | None = None
+    front_rate: int | None = None
+    back_rate: int | None = None
+    clip_seconds: float | None = None
     image_size: int | None = None
     test_fraction: float = 0.2
     points: str | tuple[str, ...] = "depth"
@@ -107,7 +123,7 @@ class CompareSettings:
     epochs: int = 6
     lr: float = 3e-3
     batch_size: int = 128
-    iri_steps: int = 200
+    iri_steps: int | None = None  # None: the recipe's (200 for images, 300 for audio)
     bootstrap: int = 1000
     confidence: float = 0.95
     data_seed: int = 0
@@ -149,7 +165,7 @@ class CompareSettings:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         for name in ("epochs", "iri_steps"):
-            if getattr(self, name) < 0:
+            if getattr(self, name) is not None and getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.null_seeds is not None and self.null_seeds < 0:
             raise ValueError(f"null_seeds must be >= 0, got {self.null_seeds}")
@@ -157,6 +173,10 @@ class CompareSettings:
             raise ValueError(f"test_fraction must be in (0, 1), got {self.test_fraction}")
         if not 0.5 <= self.confidence < 1:
             raise ValueError(f"confidence must be in [0.5, 1), got {self.confidence}")
+        for name in ("front_rate", "back_rate", "clip_seconds"):
+            v = getattr(self, name)
+            if v is not None and not v > 0:
+                raise ValueError(f"{name} must be > 0, got {v}")
 
     @property
     def nulls(self) -> int:
@@ -272,6 +292,7 @@ class _Side:
     model: nn.Module  # behind its input pipeline
     points: list[str]  # the model's own point names
     fingerprint: str
+    wrap: Callable[[nn.Module], nn.Module]  # a net of this architecture behind the pipeline
 
 
 @dataclass
@@ -295,22 +316,117 @@ class _Unlabelled(Dataset):
         return x, 0
 
 
-def _side(source, data_size, size, mean, std) -> _Side:
-    from .iris import model_fingerprint
-    from .models.sources import WithInput
+def _source(s: CompareSettings, side: str):
+    """The front's or back's ModelSource (a registry speech model built at ``*_rate``)."""
+    import inspect
 
-    shape = getattr(source.model, "stitchlab_input_shape", None)
-    if shape is not None and len(shape) != 3:  # (channels, samples): a speech model
+    from .models import _REGISTRY
+    from .models.sources import load_model_source
+
+    spec, rate = getattr(s, side), getattr(s, f"{side}_rate")
+    options = {}
+    if rate is not None and spec in _REGISTRY and (
+            "sample_rate" in inspect.signature(_REGISTRY[spec]).parameters):  # fmt: skip
+        options["sample_rate"] = rate
+    return load_model_source(spec, getattr(s, f"{side}_weights"), random_init=s.random_init,
+                             num_classes=getattr(s, f"{side}_num_classes"),
+                             options=options)  # fmt: skip
+
+
+def _modality(s: CompareSettings, front, back) -> str:
+    """``"audio"`` or ``"image"``: what both models read (an error when they differ, or when
+    options of the other modality are given)."""
+    if front.modality != back.modality:
+        audio, image = (front, back) if front.modality == "audio" else (back, front)
         raise ValueError(
-            f"{source.spec} reads inputs of shape {tuple(shape)}, not images: compare "
-            "supports image models for now (speech models and .wav data are not wired "
-            "into compare yet)."
+            f"{audio.spec} is a speech model (it reads waveforms) and {image.spec} an image "
+            "model: compare needs two models that read the same kind of input (two speech "
+            "models on audio data, or two image models on images)."
         )
-    spec = source.input.replace(size=size, mean=mean, std=std)
+    if front.modality == "audio":
+        given = [n for n in ("front_size", "back_size", "front_mean", "front_std", "back_mean",
+                             "back_std", "image_size") if getattr(s, n) is not None]  # fmt: skip
+        if given:
+            raise ValueError(
+                f"{', '.join(given)}: image options, but both models read audio; "
+                "for speech models give front_rate/back_rate or clip_seconds."
+            )
+    else:
+        given = [n for n in ("front_rate", "back_rate", "clip_seconds") if getattr(s, n)]
+        if given:
+            raise ValueError(
+                f"{', '.join(given)}: audio options, but both models read images "
+                "(front_size/back_size, the means and stds are theirs)."
+            )
+    return front.modality
+
+
+def _audio_spec(s: CompareSettings, source, side: str):
+    """A speech model's AudioSpec: its own rate (or ``*_rate``) and clip length (or
+    ``clip_seconds``)."""
+    spec, rate = source.input, getattr(s, f"{side}_rate")
+    if rate is not None and spec.sample_rate not in (None, rate):
+        raise ValueError(
+            f"{source.spec} reads {spec.sample_rate} Hz audio (its own setting), not the "
+            f"{rate} Hz of --{side}-rate: drop --{side}-rate, or give a model built at "
+            f"{rate} Hz."
+        )
+    if rate is None and spec.sample_rate is None:
+        raise ValueError(f"cannot tell the sample rate {source.spec} reads: pass it "
+                         f"(--{side}-rate HZ, {side}_rate in a config).")  # fmt: skip
+    if rate is None and s.clip_seconds is None:
+        return spec
+    return spec.replace(sample_rate=rate or spec.sample_rate, seconds=s.clip_seconds)
+
+
+def _side(source, spec, wrap) -> _Side:
+    from .iris import model_fingerprint
+
     source.input = spec
     points = source.points()
-    model = WithInput(source.model, spec, data_size, points).eval()
-    return _Side(source, model, points, model_fingerprint(model))
+
+    def wrapped(net: nn.Module) -> nn.Module:
+        return wrap(net, points).eval()
+
+    model = wrapped(source.model)
+    return _Side(source, model, points, model_fingerprint(model), wrapped)
+
+
+def _sides(s: CompareSettings, front_source, back_source) -> tuple[Any, _Side, _Side]:
+    """Load the data for the two models (images, or audio at the models' rate and length)
+    and put each model behind its input pipeline."""
+    from .data.user import load_user_data
+    from .models.sources import WithAudioInput, WithInput
+
+    common = dict(test_fraction=s.test_fraction, seed=s.data_seed, n_stitch=s.n_stitch,
+                  n_test=s.n_test)  # fmt: skip
+    if _modality(s, front_source, back_source) == "audio":
+        specs = _audio_spec(s, front_source, "front"), _audio_spec(s, back_source, "back")
+        rate = max(spec.sample_rate for spec in specs)
+        samples = max(round(spec.seconds * rate) for spec in specs)
+        data = load_user_data(s.data, audio=True, sample_rate=rate, samples=samples, **common)
+
+        def wrap_for(spec):
+            return lambda net, points: WithAudioInput(net, spec, rate, samples, points)
+
+        return data, *(_side(src, spec, wrap_for(spec)) for src, spec in
+                       zip((front_source, back_source), specs))  # fmt: skip
+    data = load_user_data(s.data, size=s.image_size, **common)
+    if data.modality == "audio":
+        raise ValueError(
+            f"{s.data} holds audio clips, but {front_source.spec} and {back_source.spec} are "
+            "image models: compare speech models (mel_cnn, wave_cnn, ...) on audio."
+        )
+    sides = []
+    for src, size, mean, std in ((front_source, s.front_size, s.front_mean, s.front_std),
+                                 (back_source, s.back_size, s.back_mean, s.back_std)):  # fmt: skip
+        spec = src.input.replace(size=size, mean=mean, std=std)
+
+        def wrap(net, points, spec=spec):
+            return WithInput(net, spec, data.image_size, points)
+
+        sides.append(_side(src, spec, wrap))
+    return data, sides[0], sides[1]
 
 
 def _key(obj: dict[str, Any]) -> str:
@@ -346,16 +462,14 @@ def run_compare(
     the results table (a pandas DataFrame, one row per front point, back point,
     objective and protocol)."""
     from .data.fingerprint import fingerprint
-    from .data.user import load_user_data
-    from .models.sources import load_model_source
 
     t0 = time.time()
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     store = Path(store) if store is not None else out / "store"
     s = settings
-    data = load_user_data(s.data, size=s.image_size, test_fraction=s.test_fraction,
-                          seed=s.data_seed, n_stitch=s.n_stitch, n_test=s.n_test)  # fmt: skip
+    data, front, back = _sides(s, _source(s, "front"), _source(s, "back"))
+    recipe = _recipe(s, front.source.modality)
     stitch_set, test_set = data.stitch, data.test
     if not data.labelled:
         stitch_set, test_set = _Unlabelled(stitch_set), _Unlabelled(test_set)
@@ -367,12 +481,6 @@ def run_compare(
         if not objectives:
             raise ValueError("the data has no labels and HLM was the only objective: choose "
                              "slm, dm or fula.")  # fmt: skip
-    front = _side(load_model_source(s.front, s.front_weights, random_init=s.random_init,
-                                    num_classes=s.front_num_classes),
-                  data.image_size, s.front_size, s.front_mean, s.front_std)  # fmt: skip
-    back = _side(load_model_source(s.back, s.back_weights, random_init=s.random_init,
-                                   num_classes=s.back_num_classes),
-                 data.image_size, s.back_size, s.back_mean, s.back_std)  # fmt: skip
     if data.labelled and data.num_classes and data.num_classes > back.source.num_classes:
         raise ValueError(
             f"the data has {data.num_classes} classes and the back model "
@@ -383,7 +491,7 @@ def run_compare(
     data_key = {"stitch": fingerprint(data.stitch), "test": fingerprint(data.test)}
     common = {"v": _VERSION, "front": front.fingerprint, "back": back.fingerprint,
               "data": data_key, "n_init": s.n_init, "epochs": s.epochs, "lr": s.lr,
-              "batch_size": s.batch_size, "iri_steps": s.iri_steps}  # fmt: skip
+              "batch_size": s.batch_size, "iri_steps": recipe.steps}  # fmt: skip
     runs = []
     for f, b in cells:
         for protocol in s.protocols:
@@ -395,15 +503,16 @@ def run_compare(
                         runs.append(spec | {"key": _key(common | spec)})
     todo = [r for r in runs if not (store / "compare" / f"{r['key']}.json").exists()]
     echo(_plan_text(s, data, front, back, cells, objectives, runs, todo,
-                    _estimate(s, front, back, data.image_size, cells, todo)))  # fmt: skip
+                    _estimate(s, front, back, data.item_shape, recipe.steps, cells,
+                              todo)))  # fmt: skip
     reference = _back_logits(back.model, test_set, s.device)
-    _execute(s, front, back, stitch_set, test_set, reference, todo, store, progress)
+    _execute(s, front, back, stitch_set, test_set, reference, todo, store, progress, recipe)
     from .store import read_json
 
     entries = {r["key"]: read_json(store / "compare" / f"{r['key']}.json") for r in runs}
     rows = _aggregate(s, front, back, data, runs, entries)
     _write(out, s, data, front, back, rows, [entries[r["key"]] for r in runs], plan_skipped,
-           time.time() - t0)  # fmt: skip
+           time.time() - t0, recipe)  # fmt: skip
     import pandas as pd
 
     return pd.DataFrame(rows)
@@ -414,7 +523,7 @@ def _plan_text(s, data, front, back, cells, objectives, runs, todo, estimate) ->
         f"front: {front.source.describe()}", f"  input: {front.source.input}",
         f"back:  {back.source.describe()}", f"  input: {back.source.input}",
         f"data:  {data.kind} {data.source}: {len(data.stitch)} stitching, {len(data.test)} "
-        f"test images {data.image_size[0]}x{data.image_size[1]}, "
+        f"test {data.describe_items()}, "
         f"{'labelled' if data.labelled else 'unlabelled'} ({data.split})",
         f"cells: {', '.join(f'{a}->{b}' for a, b in cells)}",
         f"runs:  {len(runs)} = {len(cells)} cells x {len(s.protocols)} protocols x "
@@ -437,11 +546,11 @@ def _timed(model: nn.Module, x: Tensor) -> float:
     return best / len(x)
 
 
-def _estimate(s, front, back, size, cells, todo) -> str:
+def _estimate(s, front, back, shape, iri_steps, cells, todo) -> str:
     """A rough time from one timed batch of each model (IRIs, stitch training, tests)."""
     if not todo:
         return "nothing to compute"
-    x = torch.rand(min(32, s.n_stitch), 3, *size, device=s.device)
+    x = torch.rand(min(32, s.n_stitch), *shape, device=s.device)
     try:
         tf, tb = _timed(front.model, x), _timed(back.model, x)
     except Exception as exc:  # the real run will report it properly
@@ -450,7 +559,7 @@ def _estimate(s, front, back, size, cells, todo) -> str:
     fronts = {(r["front_point"], r["null"], r["seed"] if r["null"] else 0)
               for r in todo if r["protocol"] == "iris"}  # fmt: skip
     # an IRI step runs the front's prefix only (about its relative depth of the network)
-    iris = sum(depth[f] for f, _, _ in fronts) * s.iri_steps * s.n_stitch * tf
+    iris = sum(depth[f] for f, _, _ in fronts) * iri_steps * s.n_stitch * tf
     fits = len(todo) * (s.epochs * s.n_stitch * (tb + tf / 3) + s.n_test * (tf + tb) / 3)
     total = iris + fits
     return (f"about {_duration(total)} (IRIs {_duration(iris)}, stitching "
@@ -469,12 +578,21 @@ def _back_logits(model: nn.Module, test: Dataset, device: str) -> Tensor:
         return predict(model, test, device=torch.device(device))[0]
 
 
-def _execute(s, front, back, stitch_set, test_set, reference, todo, store, progress) -> None:
+def _recipe(s: CompareSettings, modality: str):
+    """The IRI recipe: stitchlab's image default, or the ``audio`` preset for waveforms
+    (the box (-1, 1), a quiet Gaussian start, int16 storage); ``iri_steps`` if given."""
+    from .iris import IRIRecipe
+
+    steps = {} if s.iri_steps is None else {"steps": s.iri_steps}
+    return IRIRecipe.from_kwargs(preset="audio" if modality == "audio" else "default", **steps)
+
+
+def _execute(s, front, back, stitch_set, test_set, reference, todo, store, progress,
+             recipe) -> None:  # fmt: skip
     """Compute the missing runs, one Stitcher per (front model, cell), storing each run
     as soon as it is done."""
     from ._data import predict
     from .fit import TrainingConfig
-    from .iris import IRIRecipe
     from .metrics import per_image_agreement
     from .protocols import InvarianceAware, Standard
     from .stitcher import Stitcher
@@ -487,7 +605,6 @@ def _execute(s, front, back, stitch_set, test_set, reference, todo, store, progr
         from tqdm.auto import tqdm
 
         bar = tqdm(total=len(todo), desc="stitch runs", leave=False)
-    recipe = IRIRecipe(steps=s.iri_steps)
     groups: dict[tuple, list[dict]] = {}
     for r in todo:
         groups.setdefault((r["front_point"], r["back_point"], r["null"],
@@ -496,12 +613,8 @@ def _execute(s, front, back, stitch_set, test_set, reference, todo, store, progr
     for (f, b, null, null_seed), group in groups.items():
         if null:
             if null_seed not in random_fronts:
-                from .models.sources import WithInput
-
                 net = front.source.random_twin(10_000 + null_seed)
-                size = _size_of(stitch_set)
-                random_fronts[null_seed] = WithInput(net, front.source.input, size,
-                                                     front.points).eval()  # fmt: skip
+                random_fronts[null_seed] = front.wrap(net)
             front_model = random_fronts[null_seed]
         else:
             front_model = front.model
@@ -552,11 +665,6 @@ def _layouts(front: _Side, back: _Side, f: str, b: str) -> tuple[dict | None, di
     return one(front, f), one(back, b)
 
 
-def _size_of(dataset: Dataset) -> tuple[int, int]:
-    x = dataset[0][0]
-    return int(x.shape[-2]), int(x.shape[-1])
-
-
 def _aggregate(s, front, back, data, runs, entries) -> list[dict[str, Any]]:
 
     fd = dict(zip(front.points, _depths(front.points)))
@@ -597,7 +705,7 @@ def _aggregate(s, front, back, data, runs, entries) -> list[dict[str, Any]]:
     return rows
 
 
-def _write(out, s, data, front, back, rows, per_run, skipped, seconds) -> None:
+def _write(out, s, data, front, back, rows, per_run, skipped, seconds, recipe) -> None:
     import pandas as pd
 
     from .store import write_json, write_text
@@ -616,8 +724,9 @@ def _write(out, s, data, front, back, rows, per_run, skipped, seconds) -> None:
         "front_input": str(front.source.input), "back_input": str(back.source.input),
         "data": {"kind": data.kind, "source": data.source, "split": data.split,
                  "stitch": len(data.stitch), "test": len(data.test),
-                 "labelled": data.labelled},
-        "settings": dataclasses.asdict(s), "skipped": skipped,
+                 "labelled": data.labelled, "modality": data.modality,
+                 "items": data.describe_items()},
+        "settings": dataclasses.asdict(s), "iri_recipe": recipe.as_dict(), "skipped": skipped,
         "seconds": round(seconds, 1),
     }  # fmt: skip
     write_json(out / "summary.json", summary)

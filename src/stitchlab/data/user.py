@@ -1,4 +1,5 @@
-"""A researcher's own image data, for ``stitchlab compare``: found by its layout on disk.
+"""A researcher's own image or audio data, for ``stitchlab compare``: found by its layout
+on disk.
 
 :func:`load_user_data` reads any of these formats (nothing in a file is ever executed):
 
@@ -20,6 +21,27 @@
 
 Every item is ``(image, label)``: a float32 image ``(3, H, W)`` in [0, 1] (greyscale and
 RGBA become RGB) and an ``int`` label, -1 throughout when the data has no labels.
+
+Audio (``audio=True``, or a folder holding ``.wav`` files):
+
+* **.wav folder**, laid out like an image folder (``ROOT/train/<class>/*.wav`` with
+  ``ROOT/test/<class>/*.wav``; ``ROOT/<class>/*.wav``; or ``.wav`` files in ``ROOT``), read
+  with the standard library's :mod:`wave`: uncompressed PCM of 8 (unsigned), 16, 24 or 32
+  bits, levels divided by ``2 ** (bits - 1) - 1`` (32767 for 16 bits, as
+  :class:`~stitchlab.data.speech.WaveformDataset` reads int16 PCM; the lowest level is
+  clipped to -1), channels averaged to mono (:func:`read_wav`);
+* **.npz** / **.safetensors** waveforms under ``waveforms``, ``audio`` or ``x`` (or
+  ``x_train`` and ``x_test``), labels as for images: shape ``(N, T)`` or ``(N, C, T)``
+  (channels averaged), float in [-1, 1] or int16 PCM (/ 32767), at the rate of a
+  ``sample_rate`` entry (a .npz array, .safetensors metadata; without one, at
+  ``sample_rate``). A file with a ``sample_rate`` entry is read as audio unasked.
+
+Clips are resampled to ``sample_rate`` (:func:`stitchlab.data.speech.resample`, windowed
+sinc; default: the files' own rate, which must then be one) and centred in ``samples``
+samples (zero padding or a centre crop; default: the longest clip). Only the clips of the
+chosen stitch and test subsets are read; they are held in memory as
+:class:`~stitchlab.data.speech.WaveformDataset` s, items ``(float32 (1, T) in [-1, 1],
+label)``.
 """
 
 from __future__ import annotations
@@ -40,24 +62,34 @@ from torch.utils.data import Dataset, Subset
 
 from .cifar import CIFAR10_CLASSES, cifar10
 from .folders import _EXTENSIONS, ImageFolderDataset
+from .speech import WaveformDataset
 from .tensors import DataFileError, ImageTensorDataset, labels_of, subset
 
-__all__ = ["UserData", "load_user_data"]
+__all__ = ["UserData", "load_user_data", "read_wav"]
 
 _ACCEPTED = (
     "Accepted: an image folder (ROOT/train/<class>/ with ROOT/test/<class>/ or ROOT/val/<class>/; "
     "ROOT/<class>/; or images directly in ROOT), a CIFAR-10 folder (cifar-10-batches-py), "
     "a .npz or .safetensors file (keys images or x [+ labels or y], or x_train and x_test "
     "[+ y_train and y_test]), or a Hugging Face datasets folder written by save_to_disk "
-    "(state.json or dataset_dict.json)."
+    "(state.json or dataset_dict.json). Speech: a folder of .wav files laid out like an "
+    "image folder, or waveforms (N, T) in a .npz or .safetensors file (key waveforms, audio "
+    "or x)."
 )
 _TEST_DIRS = ("test", "val")
 _TEST_SPLITS = ("test", "validation", "valid", "val")
+_AUDIO_EXTENSIONS = (".wav",)
+_CONVERT = (
+    "Only uncompressed PCM WAV (8, 16, 24 or 32-bit integer samples) is read; convert it, "
+    "e.g. `ffmpeg -i IN -c:a pcm_s16le OUT.wav` or `sox IN -b 16 -e signed-integer OUT.wav`."
+)
 
 
 @dataclass(frozen=True)
 class UserData:
-    """Stitch and test splits of a researcher's own images, and how they were found."""
+    """Stitch and test splits of a researcher's own images or audio clips, and how they were
+    found. Images have an ``image_size``; audio (``modality == "audio"``) a ``sample_rate``
+    and ``samples`` per clip instead."""
 
     stitch: Dataset
     test: Dataset
@@ -66,7 +98,24 @@ class UserData:
     kind: str
     source: str
     split: str
-    image_size: tuple[int, int]
+    image_size: tuple[int, int] | None
+    modality: str = "image"
+    sample_rate: int | None = None
+    samples: int | None = None
+
+    @property
+    def item_shape(self) -> tuple[int, ...]:
+        """The shape of one input: ``(3, H, W)``, or ``(1, samples)`` for audio."""
+        if self.modality == "audio":
+            return (1, int(self.samples))  # type: ignore[arg-type]
+        return (3, *self.image_size)  # type: ignore[misc]
+
+    def describe_items(self) -> str:
+        """``"images 32x32"`` or ``"clips of 8000 samples (1 s) at 8000 Hz"``."""
+        if self.modality == "audio":
+            secs = self.samples / self.sample_rate  # type: ignore[operator]
+            return f"clips of {self.samples} samples ({secs:.3g} s) at {self.sample_rate} Hz"
+        return f"images {self.image_size[0]}x{self.image_size[1]}"  # type: ignore[index]
 
     @property
     def num_classes(self) -> int | None:
@@ -86,24 +135,33 @@ def load_user_data(
     seed: int = 0,
     n_stitch: int | None = None,
     n_test: int | None = None,
+    audio: bool = False,
+    sample_rate: int | None = None,
+    samples: int | None = None,
 ) -> UserData:
-    """Read images at ``path`` (see the module docstring for the formats) as stitch/test splits.
+    """Read images or audio at ``path`` (see the module docstring for the formats) as
+    stitch/test splits.
 
     ``size`` resizes the shorter side of every image and crops the centre to ``size`` x
     ``size``; without it all images must have the same size. Data without a train/test split
     is split with ``test_fraction`` (seeded by ``seed``, stratified per class when labelled).
     ``n_stitch`` / ``n_test`` keep seeded random subsets (all images when there are fewer).
-    Raises :class:`DataFileError` for a missing, unknown, damaged or unsafe input.
+    ``audio`` asks for waveforms (a folder must hold .wav files; arrays are read as
+    waveforms); ``sample_rate`` and ``samples`` are the rate (Hz) and length of the clips
+    returned. Raises :class:`DataFileError` for a missing, unknown, damaged or unsafe input.
     """
     if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
         raise ValueError(f"size must be a positive integer or None, got {size!r}")
+    for name, v in (("sample_rate", sample_rate), ("samples", samples)):
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+            raise ValueError(f"{name} must be a positive integer or None, got {v!r}")
     if not 0 < test_fraction < 1:
         raise ValueError(f"test_fraction must lie strictly between 0 and 1, got {test_fraction}")
     root = Path(path).expanduser()
     if not root.exists():
         raise DataFileError(f"{str(path)!r} does not exist. {_ACCEPTED}")
     root = root.resolve()
-    opts = _Options(size, test_fraction, seed)
+    opts = _Options(size, test_fraction, seed, audio, sample_rate, samples)
     if root.is_file():
         suffix = root.suffix.lower()
         if suffix == ".npz":
@@ -124,6 +182,12 @@ def load_user_data(
         loaded = _load_cifar(root, opts)
     else:
         loaded = _load_folder(root, opts)
+    if audio and not loaded.audio:
+        raise DataFileError(
+            f"{str(root)!r} holds images ({loaded.kind}), but audio was asked for (speech "
+            "models read waveforms): give a folder of .wav files or a .npz/.safetensors file "
+            "of waveforms (N, T)."
+        )
     return _finish(loaded, root, opts, n_stitch, n_test)
 
 
@@ -136,6 +200,9 @@ class _Options:
     size: int | None
     test_fraction: float
     seed: int
+    audio: bool = False
+    sample_rate: int | None = None
+    samples: int | None = None
 
 
 @dataclass
@@ -147,6 +214,7 @@ class _Loaded:
     kind: str
     split: str
     image_size: tuple[int, int] | None  # None: decoded files, checked after subsetting
+    audio: bool = False  # datasets of _Clips, read into waveforms after subsetting
 
 
 def _resize_crop(x: Tensor, size: int) -> Tensor:
@@ -214,10 +282,10 @@ def _fraction_split(
 
 
 def _split_by_fraction(
-    ds: Dataset, labels: Tensor, opts: _Options, labelled: bool
+    ds: Dataset, labels: Tensor, opts: _Options, labelled: bool, unit: str = "images"
 ) -> tuple[Dataset, Dataset, str]:
     stitch, test = _fraction_split(labels, opts.test_fraction, opts.seed, labelled)
-    words = f"fraction {opts.test_fraction:g} of {len(labels)} images, seed {opts.seed}"
+    words = f"fraction {opts.test_fraction:g} of {len(labels)} {unit}, seed {opts.seed}"
     if labelled:
         words += ", stratified by class"
     words += f" ({len(stitch)} stitch, {len(test)} test)"
@@ -276,9 +344,30 @@ def _finish(
     for name, ds in (("stitch", stitch), ("test", test)):
         if len(ds) == 0:  # type: ignore[arg-type]
             raise DataFileError(
-                f"The {name} split of {str(root)!r} is empty ({split}). Add images, or use "
-                "a larger test_fraction / data with a train and test split."
+                f"The {name} split of {str(root)!r} is empty ({split}). Add "
+                f"{'clips' if loaded.audio else 'images'}, or use a larger test_fraction / "
+                "data with a train and test split."
             )
+    if loaded.audio:
+        rates = _rates([stitch, test])
+        rate = opts.sample_rate or _one_rate(rates, root)
+        if rates - {None, rate}:
+            native = ", ".join(str(r) for r in sorted(rates - {None, rate}))  # type: ignore[type-var]
+            split += f"; resampled from {native} Hz to {rate} Hz"
+        samples = opts.samples or _longest([stitch, test], rate)
+        return UserData(
+            stitch=_waveforms(stitch, rate, samples, loaded.classes),
+            test=_waveforms(test, rate, samples, loaded.classes),
+            labelled=loaded.labelled,
+            classes=loaded.classes,
+            kind=loaded.kind,
+            source=str(root),
+            split=split,
+            image_size=None,
+            modality="audio",
+            sample_rate=rate,
+            samples=samples,
+        )
     image_size = loaded.image_size
     if image_size is None:
         image_size = (opts.size, opts.size) if opts.size else _common_size([stitch, test])
@@ -291,6 +380,185 @@ def _finish(
         source=str(root),
         split=split,
         image_size=image_size,
+    )
+
+
+# ---------------------------------------------------------------------------
+# audio clips
+
+
+def centre_padding(length: int, samples: int) -> tuple[int, int]:
+    """``(left, right)`` padding that centres ``length`` samples in ``samples`` (negative:
+    a centre crop), as ``torch.nn.functional.pad`` takes it."""
+    extra = samples - length
+    left = extra // 2 if extra >= 0 else -((-extra) // 2)
+    return left, extra - left
+
+
+def _fit(x: np.ndarray, samples: int) -> np.ndarray:
+    left, right = centre_padding(len(x), samples)
+    x = x[max(0, -left) : len(x) - max(0, -right)]
+    return np.pad(x, (max(0, left), max(0, right)))
+
+
+def read_wav(path: str | os.PathLike) -> tuple[np.ndarray, int]:
+    """The samples (float64, mono, in [-1, 1]) and sample rate of an uncompressed PCM WAV
+    file, read with the standard library's :mod:`wave` (nothing else is parsed).
+
+    8-bit files are unsigned (level 128 is 0), 16/24/32-bit signed; levels are divided by
+    ``2 ** (bits - 1) - 1`` (32767 for 16 bits, :data:`stitchlab.data.speech.PCM_SCALE`),
+    so the lowest level (-32768) is clipped to -1. Channels are averaged.
+    """
+    import wave
+
+    where = repr(str(path))
+    try:
+        with wave.open(str(path), "rb") as w:
+            channels, width, rate = w.getnchannels(), w.getsampwidth(), w.getframerate()
+            frames = w.readframes(w.getnframes())
+    except (wave.Error, EOFError, OSError, ValueError) as exc:
+        raise DataFileError(f"Cannot read WAV file {where}: {exc}. {_CONVERT}") from exc
+    if width not in (1, 2, 3, 4) or channels < 1 or rate < 1:
+        raise DataFileError(
+            f"WAV file {where} has {channels} channel(s) of {8 * width}-bit samples at {rate} "
+            f"Hz. {_CONVERT}"
+        )
+    n = len(frames) // (width * channels)
+    if n == 0:
+        raise DataFileError(f"WAV file {where} holds no samples.")
+    raw = np.frombuffer(frames, np.uint8, count=n * width * channels)
+    if width == 1:
+        levels = raw.astype(np.float64) - 128
+    elif width == 3:
+        b = raw.reshape(-1, 3).astype(np.int32)
+        v = b[:, 0] | (b[:, 1] << 8) | (b[:, 2] << 16)
+        levels = np.where(v >= 1 << 23, v - (1 << 24), v).astype(np.float64)
+    else:
+        levels = np.frombuffer(raw.tobytes(), f"<i{width}").astype(np.float64)
+    x = levels.reshape(n, channels).mean(1) / (2.0 ** (8 * width - 1) - 1)
+    return np.clip(x, -1.0, 1.0), int(rate)
+
+
+def _wav_header(path: Path) -> tuple[int, int]:
+    """(sample rate, frames) of a WAV file, from its header."""
+    import wave
+
+    try:
+        with wave.open(str(path), "rb") as w:
+            return int(w.getframerate()), int(w.getnframes())
+    except (wave.Error, EOFError, OSError, ValueError) as exc:
+        raise DataFileError(f"Cannot read WAV file {str(path)!r}: {exc}. {_CONVERT}") from exc
+
+
+class _Clips(Dataset):
+    """Clips at their own rate, read one at a time (before they are fitted to a window)."""
+
+    targets: Tensor
+    classes: list[str] | None = None
+
+    def clip(self, i: int) -> tuple[np.ndarray, int | None]:
+        """Samples (float64, mono) and rate (None: not known) of clip ``i``."""
+        raise NotImplementedError
+
+    def header(self, i: int) -> tuple[int | None, int]:
+        """(rate, length) of clip ``i`` without reading its samples where possible."""
+        x, rate = self.clip(i)
+        return rate, len(x)
+
+    def __len__(self) -> int:
+        return len(self.targets)
+
+    def __getitem__(self, index: int) -> tuple[Tensor, int]:
+        x, _ = self.clip(index)
+        return torch.from_numpy(x).float()[None], int(self.targets[index])
+
+
+class _WavFiles(_Clips):
+    """WAV files with labels (-1: none)."""
+
+    def __init__(self, files: Sequence[Path], labels: Sequence[int]) -> None:
+        self.samples = list(zip(files, labels, strict=True))
+        self.targets = torch.tensor(list(labels), dtype=torch.long)
+
+    def clip(self, i: int) -> tuple[np.ndarray, int | None]:
+        return read_wav(self.samples[i][0])
+
+    def header(self, i: int) -> tuple[int | None, int]:
+        return _wav_header(self.samples[i][0])
+
+
+class _ArrayClips(_Clips):
+    """Rows of a float waveform tensor ``(N, T)`` in [-1, 1] at ``rate`` (None: unknown)."""
+
+    def __init__(self, x: Tensor, labels: Tensor, rate: int | None) -> None:
+        self.x, self.targets, self.rate = x, labels, rate
+
+    def clip(self, i: int) -> tuple[np.ndarray, int | None]:
+        return self.x[i].double().numpy(), self.rate
+
+    def header(self, i: int) -> tuple[int | None, int]:
+        return self.rate, int(self.x.shape[1])
+
+
+def _headers(datasets: Sequence[Dataset]):
+    for ds in datasets:
+        base, indices = _unwrap(ds)
+        for i in indices:
+            yield base.header(i)  # type: ignore[attr-defined]
+
+
+def _rates(datasets: Sequence[Dataset]) -> set[int | None]:
+    """The sample rates of the clips (None for arrays without one)."""
+    base = [_unwrap(ds)[0] for ds in datasets]
+    if all(isinstance(b, _ArrayClips) for b in base):
+        return {b.rate for b in base}  # type: ignore[attr-defined]
+    return {rate for rate, _ in _headers(datasets)}
+
+
+def _one_rate(rates: set[int | None], root: Path) -> int:
+    known = sorted(r for r in rates if r is not None)
+    if not known:
+        raise DataFileError(
+            f"The sample rate of the waveforms in {str(root)!r} is not known: add a "
+            "sample_rate entry (a .npz array, .safetensors metadata) or pass sample_rate=."
+        )
+    if len(known) > 1:
+        raise DataFileError(
+            f"The clips of {str(root)!r} have different sample rates ({', '.join(map(str, known))}"
+            " Hz): pass sample_rate= to resample them all to one."
+        )
+    return known[0]
+
+
+def _longest(datasets: Sequence[Dataset], rate: int) -> int:
+    """The longest clip's length at ``rate``."""
+    return max((n * rate) // (r or rate) for r, n in _headers(datasets))
+
+
+def _waveforms(
+    ds: Dataset, rate: int, samples: int, classes: Sequence[str] | None
+) -> WaveformDataset:
+    """The clips of ``ds`` (a _Clips dataset or a subset of one) resampled to ``rate`` and
+    centred in ``samples`` samples, in memory."""
+    from .speech import resample
+
+    base, indices = _unwrap(ds)
+    out = torch.empty(len(indices), 1, samples)
+    for k, i in enumerate(indices):
+        x, r = base.clip(i)  # type: ignore[attr-defined]
+        if r is not None and r != rate:
+            x = np.clip(resample(x, r, rate), -1.0, 1.0)
+        out[k, 0] = torch.from_numpy(_fit(x, samples))
+    labels = base.targets[torch.as_tensor(indices, dtype=torch.long)]  # type: ignore[attr-defined]
+    return WaveformDataset(out, labels, sample_rate=rate, classes=classes)
+
+
+def _holds_wav(root: Path) -> bool:
+    """Whether ``root``, its sub-folders or theirs hold a .wav file."""
+    return any(
+        p.suffix.lower() in _AUDIO_EXTENSIONS and p.is_file()
+        for pattern in ("*", "*/*", "*/*/*")
+        for p in root.glob(pattern)
     )
 
 
@@ -315,43 +583,61 @@ class _ImageFiles(Dataset):
         return _decode(_read_rgb(path, repr(str(path))), self.size), int(label)
 
 
-def _images_in(folder: Path) -> list[Path]:
+def _images_in(folder: Path, extensions: Sequence[str] = _EXTENSIONS) -> list[Path]:
     return sorted(
         p
         for p in folder.iterdir()
-        if p.is_file() and not p.name.startswith(".") and p.suffix.lower() in _EXTENSIONS
+        if p.is_file() and not p.name.startswith(".") and p.suffix.lower() in extensions
     )
 
 
-def _scan(folder: Path) -> tuple[list[str], list[Path]]:
+def _scan(folder: Path, extensions: Sequence[str] = _EXTENSIONS) -> tuple[list[str], list[Path]]:
     """(class sub-folders that hold images, images directly in ``folder``)."""
     classes = sorted(
         p.name
         for p in folder.iterdir()
-        if p.is_dir() and not p.name.startswith(".") and _images_in(p)
+        if p.is_dir() and not p.name.startswith(".") and _images_in(p, extensions)
     )
-    return classes, _images_in(folder)
+    return classes, _images_in(folder, extensions)
 
 
-def _folder_dataset(folder: Path, size: int | None) -> tuple[Dataset, list[str] | None]:
-    classes, loose = _scan(folder)
+def _folder_dataset(
+    folder: Path, size: int | None, audio: bool = False
+) -> tuple[Dataset, list[str] | None]:
+    classes, loose = _scan(folder, _AUDIO_EXTENSIONS if audio else _EXTENSIONS)
+    unit = ".wav files" if audio else "images"
     if classes and loose:
         raise DataFileError(
-            f"{str(folder)!r} holds both images ({loose[0].name}, ...) and class folders "
-            f"({', '.join(classes[:3])}, ...): put every image in a class folder, or none."
+            f"{str(folder)!r} holds both {unit} ({loose[0].name}, ...) and class folders "
+            f"({', '.join(classes[:3])}, ...): put every file in a class folder, or none."
         )
+    if classes and audio:
+        files = [(f, k) for k, c in enumerate(classes)
+                 for f in _images_in(folder / c, _AUDIO_EXTENSIONS)]  # fmt: skip
+        return _WavFiles([f for f, _ in files], [k for _, k in files]), classes
     if classes:
         return ImageFolderDataset(folder, classes=classes, size=size), classes
     if loose:
+        if audio:
+            return _WavFiles(loose, [-1] * len(loose)), None
         return _ImageFiles(loose, [-1] * len(loose), size), None
+    if audio:
+        raise DataFileError(
+            f"No .wav files in {str(folder)!r} or its class sub-folders (speech models read "
+            "audio): lay them out as ROOT/train/<class>/*.wav and ROOT/test/<class>/*.wav, "
+            "ROOT/<class>/*.wav, or ROOT/*.wav."
+        )
     raise DataFileError(f"No images in {str(folder)!r} or its sub-folders. {_ACCEPTED}")
 
 
 def _load_folder(root: Path, opts: _Options) -> _Loaded:
+    audio = opts.audio or _holds_wav(root)
+    unit = "clips" if audio else "images"
+    kind = "wav-folder" if audio else "folder"
     test_dir = next((root / n for n in _TEST_DIRS if (root / n).is_dir()), None)
     if (root / "train").is_dir() and test_dir is not None:
-        stitch, train_classes = _folder_dataset(root / "train", opts.size)
-        test, test_classes = _folder_dataset(test_dir, opts.size)
+        stitch, train_classes = _folder_dataset(root / "train", opts.size, audio)
+        test, test_classes = _folder_dataset(test_dir, opts.size, audio)
         if train_classes != test_classes:
             a, b = set(train_classes or ()), set(test_classes or ())
             raise DataFileError(
@@ -365,20 +651,22 @@ def _load_folder(root: Path, opts: _Options) -> _Loaded:
             test,
             classes is not None,
             classes,
-            "folder",
+            kind,
             f"folders train/ and {test_dir.name}/",
             None,
+            audio,
         )
-    if (root / "train").is_dir() and not _images_in(root / "train"):
+    exts = _AUDIO_EXTENSIONS if audio else _EXTENSIONS
+    if (root / "train").is_dir() and not _images_in(root / "train", exts):
         raise DataFileError(
             f"{str(root)!r} has a train/ folder but no test/ or val/ folder next to it: "
             "add one, or pass the train/ folder itself to split it by a fraction."
         )
-    ds, classes = _folder_dataset(root, opts.size)
+    ds, classes = _folder_dataset(root, opts.size, audio)
     labelled = classes is not None
-    stitch, test, words = _split_by_fraction(ds, labels_of(ds), opts, labelled)
+    stitch, test, words = _split_by_fraction(ds, labels_of(ds), opts, labelled, unit)
     return _Loaded(
-        stitch, test, labelled, tuple(classes) if classes else None, "folder", words, None
+        stitch, test, labelled, tuple(classes) if classes else None, kind, words, None, audio
     )
 
 
@@ -405,6 +693,19 @@ class _Arrays:
     get: Callable[[str], Tensor | np.ndarray]
     classes: list[str] | None
     where: str
+    sample_rate: int | None = None  # a waveform file's rate entry
+
+
+def _sample_rate(value: Any, where: str) -> int:
+    """A ``sample_rate`` entry as a positive int."""
+    try:
+        rate = float(np.asarray(value).reshape(()).item())
+    except (TypeError, ValueError):
+        rate = float("nan")
+    if not (rate >= 1 and rate == int(rate)):
+        raise DataFileError(f"The sample_rate of {where} must be one positive integer (Hz), "
+                            f"got {value!r}.")  # fmt: skip
+    return int(rate)
 
 
 def _read_npz(path: Path) -> _Arrays:
@@ -444,7 +745,8 @@ def _read_npz(path: Path) -> _Arrays:
                 raise DataFileError(f"{key!r} in {where} must be a 1-D array of strings.")
             classes = [str(c.decode() if isinstance(c, bytes) else c) for c in arr.tolist()]
             break
-    return _Arrays(keys, get, classes, where)
+    rate = _sample_rate(get("sample_rate"), where) if "sample_rate" in keys else None
+    return _Arrays(keys, get, classes, where, rate)
 
 
 def _read_safetensors(path: Path) -> _Arrays:
@@ -475,10 +777,13 @@ def _read_safetensors(path: Path) -> _Arrays:
         except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
             raise DataFileError(f"Cannot read tensor {key!r} of {where}: {exc}") from exc
 
-    return _Arrays(keys, get, classes, where)
+    rate = _sample_rate(meta["sample_rate"], where) if "sample_rate" in meta else None
+    return _Arrays(keys, get, classes, where, rate)
 
 
-def _pick_keys(keys: set[str], where: str) -> list[tuple[str, str | None]]:
+def _pick_keys(
+    keys: set[str], where: str, names: Sequence[str] = ("images", "x"), unit: str = "images"
+) -> list[tuple[str, str | None]]:
     """[(images key, labels key or None)]: one entry, or two for a train/test split."""
     if "x_train" in keys or "x_test" in keys:
         if not {"x_train", "x_test"} <= keys:
@@ -493,11 +798,12 @@ def _pick_keys(keys: set[str], where: str) -> list[tuple[str, str | None]]:
             ("x_train", "y_train" if has[0] else None),
             ("x_test", "y_test" if has[1] else None),
         ]
-    for key in ("images", "x"):
+    for key in names:
         if key in keys:
             return [(key, next((k for k in ("labels", "y") if k in keys), None))]
+    expected = " or ".join(repr(n) for n in names)
     raise DataFileError(
-        f"No images in {where}: expected an array 'images' or 'x' (labels, optional: 'labels' "
+        f"No {unit} in {where}: expected an array {expected} (labels, optional: 'labels' "
         "or 'y'), or 'x_train' and 'x_test' (optional 'y_train' and 'y_test'); found "
         f"{', '.join(sorted(keys)) or 'no arrays'}."
     )
@@ -578,7 +884,72 @@ def _as_labels(raw: Tensor | np.ndarray, key: str, n: int, where: str) -> Tensor
     return torch.from_numpy(y.astype(np.int64))
 
 
+def _as_waveforms(raw: Tensor | np.ndarray, key: str, where: str) -> Tensor:
+    """Validated waveforms as a float32 tensor (N, T) in [-1, 1] (channels averaged)."""
+    if isinstance(raw, np.ndarray):
+        if raw.dtype.kind != "f" and raw.dtype != np.int16:
+            raise DataFileError(f"Waveforms {key!r} in {where} have dtype {raw.dtype}: expected "
+                                "float in [-1, 1] or int16 PCM.")  # fmt: skip
+        raw = torch.from_numpy(np.ascontiguousarray(raw.astype(raw.dtype.newbyteorder("="))))
+    x = raw
+    if x.dtype == torch.int16:
+        x = x.float() / 32767
+    elif not x.is_floating_point():
+        raise DataFileError(f"Waveforms {key!r} in {where} have dtype {x.dtype}: expected "
+                            "float in [-1, 1] or int16 PCM.")  # fmt: skip
+    shape = tuple(x.shape)
+    if x.dim() == 3:
+        x = x.float().mean(1)
+    elif x.dim() != 2:
+        raise DataFileError(f"Waveforms {key!r} in {where} have shape {shape}: expected (N, T) "
+                            "or (N, channels, T).")  # fmt: skip
+    if x.shape[0] == 0 or x.shape[1] == 0:
+        raise DataFileError(f"Waveforms {key!r} in {where} are empty (shape {shape}).")
+    x = x.float()
+    bad = ~torch.isfinite(x).all(1)
+    if bool(bad.any()):
+        raise DataFileError(f"Waveform {int(bad.nonzero()[0])} of {key!r} in {where} has NaN or "
+                            "infinite values.")  # fmt: skip
+    lo, hi = float(x.min()), float(x.max())
+    if lo < -1 or hi > 1:
+        raise DataFileError(
+            f"Waveforms {key!r} in {where} have values in [{lo:g}, {hi:g}], but must lie in "
+            "[-1, 1]: scale them first (divide int16 PCM by 32767), or save int16."
+        )
+    return x.contiguous()
+
+
+def _load_waveform_tensors(arrays: _Arrays, kind: str, opts: _Options) -> _Loaded:
+    where = arrays.where
+    plan = _pick_keys(arrays.keys, where, ("waveforms", "audio", "x"), "waveforms")
+    parts = []
+    for xkey, ykey in plan:
+        x = _as_waveforms(arrays.get(xkey), xkey, where)
+        y = None if ykey is None else _as_labels(arrays.get(ykey), ykey, len(x), where)
+        parts.append((x, y))
+    labelled = parts[0][1] is not None
+    classes = arrays.classes
+    if classes is not None and labelled:
+        top = max(int(y.max()) for _, y in parts if y is not None)
+        if top >= len(classes):
+            raise DataFileError(f"{where} names {len(classes)} classes but has label {top}.")
+    cls = tuple(classes) if classes is not None and labelled else None
+
+    def clips(x: Tensor, y: Tensor | None) -> _ArrayClips:
+        labels = y if y is not None else torch.full((len(x),), -1, dtype=torch.long)
+        return _ArrayClips(x, labels, arrays.sample_rate)
+
+    if len(parts) == 2:
+        return _Loaded(clips(*parts[0]), clips(*parts[1]), labelled, cls, kind,
+                       "arrays x_train and x_test", None, True)  # fmt: skip
+    ds = clips(*parts[0])
+    stitch, test, words = _split_by_fraction(ds, ds.targets, opts, labelled, "clips")
+    return _Loaded(stitch, test, labelled, cls, kind, words, None, True)
+
+
 def _load_tensors(path: Path, arrays: _Arrays, kind: str, opts: _Options) -> _Loaded:
+    if opts.audio or arrays.sample_rate is not None:
+        return _load_waveform_tensors(arrays, kind, opts)
     where = arrays.where
     plan = _pick_keys(arrays.keys, where)
     parts: list[tuple[Tensor, Tensor | None]] = []

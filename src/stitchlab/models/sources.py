@@ -26,6 +26,14 @@ pipeline is part of the traced network, IRIs live in the shared [0, 1] pixel spa
 model sees them through its own resize and normalisation. torchvision's transforms resize
 the shorter side and then crop; here the whole image is resized to the crop size (the data
 is expected to be framed already).
+
+Speech models (a ``stitchlab_input_shape`` of rank 2, ``(channels, samples)``: ``mel_cnn``,
+``wave_cnn``) read mono waveforms in [-1, 1] instead: :class:`AudioSpec` is their pipeline
+(a sample rate and a clip length, no normalisation), applied inside
+:class:`WithAudioInput`: a windowed-sinc resampling from the data's rate to the model's
+(:func:`stitchlab.data.speech.resample`'s filter, as one strided convolution) when they
+differ, then zero padding or a centre crop to the model's clip length. IRIs of speech models
+live in the shared waveform space.
 """
 
 from __future__ import annotations
@@ -43,8 +51,8 @@ from torch import Tensor, nn
 
 from .checkpoint import CheckpointError
 
-__all__ = ["InputSpec", "WithInput", "ModelSource", "load_model_source", "IMAGENET_MEAN",
-           "IMAGENET_STD"]  # fmt: skip
+__all__ = ["InputSpec", "WithInput", "AudioSpec", "WithAudioInput", "ModelSource",
+           "load_model_source", "IMAGENET_MEAN", "IMAGENET_STD"]  # fmt: skip
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -127,6 +135,133 @@ class WithInput(nn.Module):
             x = F.interpolate(x, size=self.size, mode="bilinear", align_corners=False,
                               antialias=True)  # fmt: skip
         return self.net((x - self.mean) / self.std)
+
+
+@dataclass(frozen=True)
+class AudioSpec:
+    """How a speech model reads audio: mono waveforms in [-1, 1], no normalisation, at
+    ``sample_rate`` Hz (None: not known yet), ``samples`` samples per clip."""
+
+    sample_rate: int | None
+    samples: int
+    source: str = "stitchlab: waveforms in [-1, 1], no normalisation"
+
+    def __post_init__(self) -> None:
+        if self.sample_rate is not None and int(self.sample_rate) < 1:
+            raise ValueError(f"a sample rate is >= 1 Hz, got {self.sample_rate}")
+        if int(self.samples) < 1:
+            raise ValueError(f"a clip has >= 1 samples, got {self.samples}")
+        if self.sample_rate is not None:
+            object.__setattr__(self, "sample_rate", int(self.sample_rate))
+        object.__setattr__(self, "samples", int(self.samples))
+
+    @property
+    def seconds(self) -> float:
+        """The clip length in seconds (needs the sample rate)."""
+        if self.sample_rate is None:
+            raise ValueError("the sample rate is not known")
+        return self.samples / self.sample_rate
+
+    def replace(self, sample_rate: int | None = None, seconds: float | None = None) -> AudioSpec:
+        """This spec at another rate (the clip keeps its duration) and/or clip length."""
+        if sample_rate is None and seconds is None:
+            return self
+        rate = sample_rate if sample_rate is not None else self.sample_rate
+        if seconds is None:
+            seconds = self.seconds if self.sample_rate is not None else None
+        samples = self.samples if seconds is None or rate is None else round(seconds * rate)
+        return AudioSpec(rate, max(1, samples), f"{self.source}; overridden on the command line")
+
+    def __str__(self) -> str:
+        if self.sample_rate is None:
+            return f"{self.samples} samples at an unknown rate [{self.source}]"
+        return (f"{self.samples} samples ({self.seconds:.3g} s) at {self.sample_rate} Hz, "
+                f"waveforms in [-1, 1], no normalisation [{self.source}]")  # fmt: skip
+
+
+class _Resample(nn.Module):
+    """:func:`stitchlab.data.speech.resample` (the same windowed-sinc filter) as one strided
+    ``conv1d``, differentiable and traceable: ``(N, C, length)`` at ``rate_in`` to
+    ``(N, C, floor(length * rate_out / rate_in))`` at ``rate_out``.
+
+    Output ``k * up + j`` (``up / down`` the reduced rate ratio) is filter phase
+    ``j * down % up`` applied from input ``k * down + j * down // up``: one output channel
+    per ``j``, each filter shifted by its offset, stride ``down``, interleaved.
+    """
+
+    _MAX_WEIGHTS = 1 << 24  # 64 MiB of filters: rates without a small common ratio
+
+    def __init__(self, rate_in: int, rate_out: int, length: int) -> None:
+        super().__init__()
+        import numpy as np
+
+        from ..data.speech import _polyphase
+
+        up, down, taps, table = _polyphase(int(rate_in), int(rate_out), 16)
+        width = len(taps) + down - 1
+        if up * width > self._MAX_WEIGHTS:
+            raise ValueError(
+                f"resampling {rate_in} Hz to {rate_out} Hz inside the network needs a "
+                f"{up} x {width} filter bank (the rates share no small ratio): resample the "
+                f"data to {rate_out} Hz first, or pass a sample rate (--front-rate / "
+                "--back-rate) both models can share."
+            )
+        weight = np.zeros((up, 1, width))
+        for j in range(up):
+            offset = (j * down) // up
+            weight[j, 0, offset : offset + len(taps)] = table[(j * down) % up]
+        self.up, self.down = up, down
+        self.n_out = (int(length) * up) // down
+        lead = -int(taps[0])  # the first tap reads this many samples before the output
+        per_phase = -(-self.n_out // up)
+        need = (per_phase - 1) * down + width
+        self.padding = (lead, max(0, need - int(length) - lead))
+        self.register_buffer("weight", torch.from_numpy(weight).float())
+
+    def forward(self, x: Tensor) -> Tensor:  # noqa: D102
+        y = F.pad(x.flatten(0, 1).unsqueeze(1), self.padding)
+        y = F.conv1d(y, self.weight, stride=self.down)  # (N * C, up, per phase)
+        y = y.transpose(1, 2).flatten(1)[:, : self.n_out]
+        return y.reshape(x.shape[0], x.shape[1], self.n_out)
+
+
+class WithAudioInput(nn.Module):
+    """``net`` behind its audio pipeline: waveforms of ``data_samples`` samples at
+    ``data_rate`` resampled to ``spec.sample_rate`` (when the rates differ), then centred in
+    ``spec.samples`` samples (zero padding or a centre crop, as the data loader fits clips).
+    Stitch points are the net's, prefixed ``net.``."""
+
+    def __init__(
+        self,
+        net: nn.Module,
+        spec: AudioSpec,
+        data_rate: int,
+        data_samples: int,
+        points: Sequence[str],
+    ) -> None:
+        super().__init__()
+        from ..data.user import centre_padding
+
+        if spec.sample_rate is None:
+            raise ValueError("the model's sample rate is not known: pass it (--front-rate / "
+                             "--back-rate)")  # fmt: skip
+        self.net = net
+        rate = spec.sample_rate
+        self.resample = None if rate == data_rate else _Resample(data_rate, rate, data_samples)
+        length = data_samples if self.resample is None else self.resample.n_out
+        self.padding = centre_padding(length, spec.samples)  # negative: cropped
+        # the pipeline in the state dict, so that a model fingerprint includes it
+        self.register_buffer("pipeline", torch.tensor([data_rate, rate, data_samples,
+                                                       spec.samples]))  # fmt: skip
+        self.stitchlab_points = [f"net.{p}" for p in points]
+        self.stitchlab_wraps = "net"
+
+    def forward(self, x: Tensor) -> Tensor:  # noqa: D102
+        if self.resample is not None:
+            x = self.resample(x)
+        if self.padding != (0, 0):
+            x = F.pad(x, self.padding)
+        return self.net(x)
 
 
 class _HFAdapter(nn.Module):
@@ -212,13 +347,14 @@ def _first(module: nn.Module, *paths: str) -> nn.Module:
 class ModelSource:
     """A loaded model and how to rebuild it: ``spec`` as given, ``kind`` (checkpoint,
     registry, torchvision, timm, hf), the architecture ``name``, the model (eval mode),
-    its :class:`InputSpec`, its number of classes and the weights file."""
+    its :class:`InputSpec` (an :class:`AudioSpec` for a speech model), its number of
+    classes and the weights file."""
 
     spec: str
     kind: str
     name: str
     model: nn.Module
-    input: InputSpec
+    input: InputSpec | AudioSpec
     num_classes: int
     weights: str | None = None
     options: dict[str, Any] = field(default_factory=dict)
@@ -236,6 +372,11 @@ class ModelSource:
                 config = self.model.config  # type: ignore[union-attr]
                 return _HFAdapter(AutoModelForImageClassification.from_config(config)).eval()
             return create(self.name, num_classes=self.num_classes, **self.options).eval()
+
+    @property
+    def modality(self) -> str:
+        """``"audio"`` for a speech model (waveform input), else ``"image"``."""
+        return "audio" if isinstance(self.input, AudioSpec) else "image"
 
     @property
     def leaf_modules(self) -> tuple[type, ...]:
@@ -338,8 +479,13 @@ def _classes_in(name: str, weights: dict[str, Tensor], options: dict, path: str)
     )
 
 
-def _own_input(model: nn.Module, name: str) -> InputSpec:
+def _own_input(model: nn.Module, name: str) -> InputSpec | AudioSpec:
     """The input pipeline a model's library documents for it."""
+    shape = getattr(model, "stitchlab_input_shape", None)
+    if shape is not None and len(shape) == 2:  # (channels, samples): a speech model
+        rate = getattr(model, "sample_rate", None)
+        rate = rate or (getattr(model, "stitchlab_options", None) or {}).get("sample_rate")
+        return AudioSpec(rate, int(shape[-1]), "the model's own rate and clip length")
     if name.startswith("timm:"):
         import timm.data
 

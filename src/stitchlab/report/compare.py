@@ -159,7 +159,8 @@ def write_compare_report(out: str | Path, results: pd.DataFrame, summary: dict[s
         ("front", summary["front"]), ("front input", summary["front_input"]),
         ("back", summary["back"]), ("back input", summary["back_input"]),
         ("data", f"{d['kind']} {d['source']}: {d['stitch']} stitching and {d['test']} test "
-                 f"images, {'labelled' if d['labelled'] else 'unlabelled'} ({d['split']})"),
+                 f"{d.get('items', 'images')}, {'labelled' if d['labelled'] else 'unlabelled'} "
+                 f"({d['split']})"),
         ("time", f"{summary['seconds']} s"),
     ]  # fmt: skip
     html = page("stitchlab compare", meta, entries, tables, summary.get("skipped", []))
