@@ -271,3 +271,33 @@ def test_tiny_speech_experiment_end_to_end(tmp_path):
     assert np.abs(ex.source).max() <= 1.0 and np.abs(ex.source).max() > 0.05
     html = make_report(tmp_path, formats=["png"], strict=True).read_text()
     assert "<audio controls" in html
+
+
+@needs_espeak
+@pytest.mark.slow
+def test_quick_audio_demo_end_to_end(tmp_path):
+    """`stitchlab demo audio --quick` (about 3 minutes): the speech finding, not just the
+    columns (thresholds well inside what docs/validation/audio.md measured)."""
+    from stitchlab.cli import main
+
+    out = tmp_path / "audio"
+    assert main(["demo", "audio", "--out", str(out), "--quick", "--no-progress"]) == 0
+    with open(out / "results.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert {r["pair"] for r in rows} == {"identical", "cross-seed", "cross-bias"}
+    assert {r["objective"] for r in rows} == {"hlm", "slm", "dm", "fula"}
+    assert {r["protocol"] for r in rows} == {"standard", "iris"}
+
+    def agreement(pair, protocol, objective="slm", point="blocks.3"):
+        (row,) = [r for r in rows if (r["pair"], r["protocol"], r["objective"], r["point"])
+                  == (pair, protocol, objective, point)]  # fmt: skip
+        return float(row["agreement"])
+
+    for r in rows:
+        if r["pair"] == "identical" and r["objective"] != "hlm":
+            assert float(r["agreement"]) >= 90, r
+    assert agreement("cross-bias", "standard") >= 80  # standard stitching: "similar"
+    assert agreement("cross-bias", "standard") - agreement("cross-bias", "iris") >= 30
+    assert agreement("cross-seed", "iris") > agreement("cross-bias", "iris")
+    html = (out / "report.html").read_text()
+    assert html.count("<audio controls") >= 3 and "Example IRIs: spectrograms" in html

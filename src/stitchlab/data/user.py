@@ -358,11 +358,7 @@ def _finish(
         return UserData(
             stitch=_waveforms(stitch, rate, samples, loaded.classes),
             test=_waveforms(test, rate, samples, loaded.classes),
-            labelled=loaded.labelled,
-            classes=loaded.classes,
-            kind=loaded.kind,
-            source=str(root),
-            split=split,
+            **_described(loaded, root, split),
             image_size=None,
             modality="audio",
             sample_rate=rate,
@@ -372,15 +368,14 @@ def _finish(
     if image_size is None:
         image_size = (opts.size, opts.size) if opts.size else _common_size([stitch, test])
     return UserData(
-        stitch=stitch,
-        test=test,
-        labelled=loaded.labelled,
-        classes=loaded.classes,
-        kind=loaded.kind,
-        source=str(root),
-        split=split,
-        image_size=image_size,
+        stitch=stitch, test=test, **_described(loaded, root, split), image_size=image_size
     )
+
+
+def _described(loaded, root, split: str) -> dict:
+    """The fields of :class:`UserData` that say what was read and how it was split."""
+    return {"labelled": loaded.labelled, "classes": loaded.classes, "kind": loaded.kind,
+            "source": str(root), "split": split}  # fmt: skip
 
 
 # ---------------------------------------------------------------------------
