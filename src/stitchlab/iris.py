@@ -244,11 +244,17 @@ class IRIQuality:
         ratio = self.null_ratio
         if ratio is not None and not ratio >= self.min_null_ratio:
             why.append(
-                f"only {ratio:.1f}x closer than another image (at least "
+                f"only {ratio:.1f}x closer than another {self.input_word} (at least "
                 f"{self.min_null_ratio:g}x required)"
             )
         self.why_flagged = "; ".join(why)
         self.flagged = bool(why)
+
+    @property
+    def input_word(self) -> str:
+        """What the inputs are called in messages: "image" (uint8 storage) or "input"
+        (int16 / float32 storage: waveforms and other non-image inputs)."""
+        return "image" if self.precision in (None, "uint8") else "input"
 
     @property
     def null_ratio(self) -> float | None:
@@ -292,7 +298,7 @@ class IRIQuality:
         flag = f"  ** FLAGGED: {self.why_flagged} **" if self.flagged else ""
         ratio = self.null_ratio
         null = (
-            f", {ratio:.0f}x closer than another image (null {self.null_median:.3f})"
+            f", {ratio:.0f}x closer than another {self.input_word} (null {self.null_median:.3f})"
             if ratio is not None
             else ""
         )
@@ -300,7 +306,8 @@ class IRIQuality:
         return (
             f"IRIs: n={self.n}, relative error median {self.median_error:.3f} "
             f"(mean {self.mean_error:.3f}, p90 {self.p90_error:.3f}, max {self.max_error:.3f})"
-            f"{null}, pixel RMS distance to source {self.median_pixel_rms:.3f}{stored}{flag}"
+            f"{null}, {'pixel' if self.input_word == 'image' else 'sample'} RMS distance to "
+            f"source {self.median_pixel_rms:.3f}{stored}{flag}"
         )
 
 
