@@ -84,6 +84,7 @@ def test_a_speech_config_is_checked_and_gets_no_image_augmentation():
         ({"data.num_classes": 5}, "spoken_digits has 10 classes"),
         ({"data.kind": "spoken_words"}, "needs options.words"),
         ({"models.back.data": {"kind": "shapes"}}, "not speech data"),
+        ({"models.back.arch": "small_cnn"}, "is an image model but \\[data\\] kind"),
     ],
 )
 def test_speech_config_errors_say_what_to_fix(change, message):
@@ -96,6 +97,9 @@ def test_image_configs_refuse_the_beep():
               "models": {"m": {"arch": "small_cnn", "marker": "beep"}},
               "pairs": {"p": {"front": "m", "back": "m"}}}  # fmt: skip
     with pytest.raises(ConfigError, match="choose one of pixel\\+loc, pixel, rand"):
+        load_config(config)
+    config["models"]["m"] = {"arch": "mel_cnn"}
+    with pytest.raises(ConfigError, match="is a speech model but"):
         load_config(config)
 
 

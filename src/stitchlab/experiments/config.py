@@ -226,6 +226,14 @@ def _validate(raw: dict[str, Any]) -> Experiment:
                 f"{where} arch {full.get('arch')!r} is not a known model{hint}; known: "
                 f"{', '.join(model_registry.list_models())}, or torchvision:NAME / timm:NAME"
             )
+        from ..models.audio import SPEECH_MODELS
+
+        if (full["arch"] in SPEECH_MODELS) != speech:
+            kind = "a speech model" if full["arch"] in SPEECH_MODELS else "an image model"
+            raise ConfigError(f"{where} arch {full['arch']!r} is {kind} but [data] kind "
+                              f"{data['kind']!r} is {modality} data; speech models "
+                              f"({', '.join(SPEECH_MODELS)}) read spoken_* data, image "
+                              "models the others")  # fmt: skip
         _one_of(full["method"], (*METHODS, "random"), f"{where} method")
         if full["method"] == "random" and (full["recipe"] or full["marker"]):
             raise ConfigError(f"{where} method 'random' is an untrained network (a null "

@@ -26,7 +26,11 @@ from torch import Tensor, nn
 
 from . import conv_blocks, register
 
-__all__ = ["LogMel", "MelCNN", "WaveCNN", "mel_filterbank"]
+__all__ = ["LogMel", "MelCNN", "WaveCNN", "mel_filterbank", "SPEECH_MODELS"]
+
+#: The registry's speech models (input ``(N, 1, T)`` waveforms): experiment configs pair
+#: them with speech data only.
+SPEECH_MODELS = ("mel_cnn", "wave_cnn")
 
 
 def _hz_to_mel(f):
