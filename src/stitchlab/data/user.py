@@ -914,6 +914,17 @@ def _as_waveforms(raw: Tensor | np.ndarray, key: str, where: str) -> Tensor:
     return x.contiguous()
 
 
+def _checked_classes(arrays: _Arrays, parts: list, labelled: bool) -> tuple | None:
+    """The class names of labelled arrays (None without), checked against the labels."""
+    classes = arrays.classes
+    if classes is None or not labelled:
+        return None
+    top = max(int(y.max()) for _, y in parts if y is not None)
+    if top >= len(classes):
+        raise DataFileError(f"{arrays.where} names {len(classes)} classes but has label {top}.")
+    return tuple(classes)
+
+
 def _load_waveform_tensors(arrays: _Arrays, kind: str, opts: _Options) -> _Loaded:
     where = arrays.where
     plan = _pick_keys(arrays.keys, where, ("waveforms", "audio", "x"), "waveforms")
@@ -923,12 +934,7 @@ def _load_waveform_tensors(arrays: _Arrays, kind: str, opts: _Options) -> _Loade
         y = None if ykey is None else _as_labels(arrays.get(ykey), ykey, len(x), where)
         parts.append((x, y))
     labelled = parts[0][1] is not None
-    classes = arrays.classes
-    if classes is not None and labelled:
-        top = max(int(y.max()) for _, y in parts if y is not None)
-        if top >= len(classes):
-            raise DataFileError(f"{where} names {len(classes)} classes but has label {top}.")
-    cls = tuple(classes) if classes is not None and labelled else None
+    cls = _checked_classes(arrays, parts, labelled)
 
     def clips(x: Tensor, y: Tensor | None) -> _ArrayClips:
         labels = y if y is not None else torch.full((len(x),), -1, dtype=torch.long)
@@ -958,13 +964,8 @@ def _load_tensors(path: Path, arrays: _Arrays, kind: str, opts: _Options) -> _Lo
             f"{tuple(parts[0][0].shape[2:])} and {tuple(parts[1][0].shape[2:])}."
         )
     labelled = parts[0][1] is not None
-    classes = arrays.classes
-    if classes is not None and labelled:
-        top = max(int(y.max()) for _, y in parts if y is not None)
-        if top >= len(classes):
-            raise DataFileError(f"{where} names {len(classes)} classes but has label {top}.")
+    cls = _checked_classes(arrays, parts, labelled)
     transform = _resizer(opts.size)
-    cls = tuple(classes) if classes is not None and labelled else None
 
     def dataset(x: Tensor, y: Tensor | None) -> ImageTensorDataset:
         labels = y if y is not None else torch.full((len(x),), -1, dtype=torch.long)
