@@ -170,7 +170,7 @@ def test_wav_bytes_hand_computed():
     assert stereo.tolist() == [16384, 0]  # channels averaged
 
 
-def _fake_audio_run(run_dir, k=3, t=4000, rate=8000):
+def _fake_audio_run(run_dir, k=3, t=4000, rate=8000, fronts=("f",)):
     from safetensors.numpy import save_file
 
     run_dir.mkdir()
@@ -196,11 +196,12 @@ def _fake_audio_run(run_dir, k=3, t=4000, rate=8000):
     source = np.stack([wave_[None]] * k)
     tensors = {"source": source}
     meta = {"sample_rate": str(rate)}
-    for point in ("blocks.1", "blocks.3"):
-        tensors[f"iris/f/{point}"] = (source + 0.01 * g.standard_normal(source.shape)).astype(
-            np.float32
-        )
-        meta[f"errors/f/{point}"] = "[0.05, 0.06, 0.07]"
+    for front in fronts:
+        for point in ("blocks.1", "blocks.3"):
+            tensors[f"iris/{front}/{point}"] = (
+                source + 0.01 * g.standard_normal(source.shape)
+            ).astype(np.float32)
+            meta[f"errors/{front}/{point}"] = "[0.05, 0.06, 0.07]"
     save_file(tensors, str(run_dir / "iris_examples.safetensors"), metadata=meta)
     return run_dir
 
@@ -220,6 +221,15 @@ def test_report_draws_and_plays_audio_examples(tmp_path):
     assert html.count("<audio controls") == 9
     assert html.count('src="data:audio/wav;base64,') == 9
     assert "f at blocks.3" in html and "err 0.070" in html
+
+
+def test_report_embeds_at_most_16_sets_of_players(tmp_path):
+    from stitchlab.report import make_report
+
+    run = _fake_audio_run(tmp_path / "run", fronts=[f"f{i}" for i in range(9)])  # 18 sets
+    html = make_report(run, formats=["png"], strict=True).read_text()
+    assert html.count("<audio controls") == 3 * (1 + 16)
+    assert "2 of 18 IRI sets not embedded" in html
 
 
 def test_audio_examples_of_the_wrong_shape_are_refused(tmp_path):

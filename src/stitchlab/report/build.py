@@ -146,6 +146,7 @@ class _Builder:
 
 
 _SCALE = "Power in dB, 80 dB range, one colour scale."
+_MAX_PLAYER_ROWS = 16  # IRI sets with players on the page (the demo has 16)
 
 
 def _audio_examples(b: _Builder, examples: IRIExamples, point_order: dict[str, int]) -> None:
@@ -161,6 +162,11 @@ def _audio_examples(b: _Builder, examples: IRIExamples, point_order: dict[str, i
             lambda kind=kind: plot_audio_examples(examples, kind=kind, point_order=point_order),
         )  # fmt: skip
     rows, k = example_rows(examples, point_order, max_examples=3)
+    if len(rows) > 1 + _MAX_PLAYER_ROWS:  # embedded WAV is ~21 kB a clip: keep pages small
+        b.skipped.append(f"Audio players: {len(rows) - 1 - _MAX_PLAYER_ROWS} of "
+                         f"{len(rows) - 1} IRI sets not embedded (all are in the figures "
+                         "and in iris_examples.safetensors).")  # fmt: skip
+        rows = rows[: 1 + _MAX_PLAYER_ROWS]
     rate = int(examples.sample_rate)  # type: ignore[arg-type]
     b.audio.append(_html.AudioEntry(
         "audio-iris", "Listen: sources and their IRIs",
