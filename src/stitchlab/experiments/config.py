@@ -184,6 +184,7 @@ def load_config(source: str | Path | dict[str, Any]) -> Experiment:
 
 def _validate(raw: dict[str, Any]) -> Experiment:
     from .. import models as model_registry
+    from ..models.audio import SPEECH_MODELS
 
     _check_keys(raw, _TOP, "the config")
     for required in ("name", "data", "models", "pairs"):
@@ -226,8 +227,6 @@ def _validate(raw: dict[str, Any]) -> Experiment:
                 f"{where} arch {full.get('arch')!r} is not a known model{hint}; known: "
                 f"{', '.join(model_registry.list_models())}, or torchvision:NAME / timm:NAME"
             )
-        from ..models.audio import SPEECH_MODELS
-
         if (full["arch"] in SPEECH_MODELS) != speech:
             kind = "a speech model" if full["arch"] in SPEECH_MODELS else "an image model"
             raise ConfigError(f"{where} arch {full['arch']!r} is {kind} but [data] kind "

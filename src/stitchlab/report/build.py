@@ -168,16 +168,18 @@ def _audio_examples(b: _Builder, examples: IRIExamples, point_order: dict[str, i
                          "and in iris_examples.safetensors).")  # fmt: skip
         rows = rows[: 1 + _MAX_PLAYER_ROWS]
     rate = int(examples.sample_rate)  # type: ignore[arg-type]
+    players = []
+    for label, key, clips in rows:
+        errs = examples.errors.get(key, []) if key is not None else []
+        cells = [(wav_bytes(clips[c], rate), f"err {errs[c]:.3f}" if c < len(errs) else "")
+                 for c in range(k)]  # fmt: skip
+        players.append((label.replace("\n", " at "), cells))
     b.audio.append(_html.AudioEntry(
         "audio-iris", "Listen: sources and their IRIs",
         f"{what} Played as stored ({rate} Hz, not normalised: an IRI may be quieter or "
         "louder than its source). What sounds different but is represented the same is an "
         "invariance of the front model up to that point.",
-        [(label.replace("\n", " at "), [
-            (wav_bytes(clips[c], rate), f"err {errs[c]:.3f}" if errs and c < len(errs) else "")
-            for c in range(k)
-        ]) for label, key, clips in rows
-         for errs in [examples.errors.get(key) if key is not None else None]],
+        players,
     ))  # fmt: skip
 
 
