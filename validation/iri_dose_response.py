@@ -124,6 +124,8 @@ def main() -> None:
     grid += [("default (200 steps)", n0, int(e)) for e in args.epochs.split(",") if e]
     rows = []
     t_start = time.perf_counter()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
     for pair in args.pairs.split(","):
         for point in args.points.split(","):
             objectives = args.objectives.split(",")
@@ -132,12 +134,11 @@ def main() -> None:
                 print(f"{pair:10s} {point:9s} {row['objective']:4s} {row['recipe']:30s} "
                       f"n={row['n_iris']} ep={row['epochs']}: agreement {row['agreement']:.1f} "
                       f"(IRI median {row['iri_median_error']:.3f})", flush=True)  # fmt: skip
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    with (out / "dose_response.csv").open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
+                # rewritten after every row: an interrupted run keeps what it measured
+                with (out / "dose_response.csv").open("w", newline="") as f:
+                    w = csv.DictWriter(f, fieldnames=list(rows[0]))
+                    w.writeheader()
+                    w.writerows(rows)
     if args.figure:
         _figure(rows, Path(args.figure), n0, e0)
     print(f"done in {time.perf_counter() - t_start:.0f} s", flush=True)
