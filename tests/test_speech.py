@@ -134,6 +134,33 @@ def test_audio_models_round_trip_through_checkpoints(tmp_path):
             torch.testing.assert_close(back(x), model(x), rtol=0, atol=0)
 
 
+def test_log_mel_dft_is_the_hann_stft_by_hand_and_matches_torch_stft():
+    from stitchlab.models.audio import LogMel, dft_kernels
+
+    # by hand: a cosine at bin 4 of a 16-point frame; the periodic Hann window
+    # 0.5 - 0.5 cos(2 pi t / 16) spreads it over bins 3, 4, 5 as 16 * (-1/4, 1/2, -1/4) / 2
+    n = 16
+    frame = torch.cos(2 * math.pi * 4 * torch.arange(n) / n)
+    spec = torch.nn.functional.conv1d(frame[None, None], dft_kernels(n))[0, :, 0]
+    re, im = spec[: n // 2 + 1], spec[n // 2 + 1 :]
+    expected = torch.zeros(n // 2 + 1)
+    expected[3], expected[4], expected[5] = -2.0, 4.0, -2.0
+    torch.testing.assert_close(re, expected, rtol=0, atol=1e-5)
+    torch.testing.assert_close(im, torch.zeros_like(im), rtol=0, atol=1e-5)
+    # against torch.stft (centred, reflect padding): values and the input gradient
+    front = LogMel()
+    x = _speechlike(3, RATE, seed=1).requires_grad_(True)
+    stft = torch.stft(x.flatten(0, 1), 256, 80, window=torch.hann_window(256), center=True,
+                      return_complex=True)  # fmt: skip
+    ref = torch.log(front.filters @ stft.abs().pow(2) + 1e-6).unsqueeze(1)
+    out = front(x)
+    assert out.shape == ref.shape == (3, 1, 40, 101)
+    torch.testing.assert_close(out, ref, rtol=0, atol=2e-5)
+    (g,) = torch.autograd.grad(out.sum(), x)
+    (g_ref,) = torch.autograd.grad(ref.sum(), x)
+    torch.testing.assert_close(g, g_ref, rtol=1e-4, atol=1e-4 * g_ref.abs().max().item())
+
+
 def test_wave_cnn_stitched_to_itself_at_conv1d_points_is_exact():
     torch.manual_seed(0)
     model = models.create("wave_cnn", width=8).eval()
