@@ -254,6 +254,17 @@ def test_spectrogram_hand_computed():
     assert set(spec.argmax(axis=0).tolist()) == {32}
 
 
+def test_waveform_envelope_hand_computed():
+    from stitchlab.report.figures import waveform_envelope
+
+    x = np.array([0.0, 1.0, -2.0, 3.0, 0.5, -0.5, 4.0, -4.0])
+    t, lo, hi = waveform_envelope(x, 4, columns=2)  # bins [0, 4) and [4, 8)
+    assert t.tolist() == [0.0, 1.0]
+    assert lo.tolist() == [-2.0, -4.0] and hi.tolist() == [3.0, 4.0]
+    t, lo, hi = waveform_envelope(x, 4, columns=4)  # short: every sample as it is
+    assert t.tolist() == (np.arange(8) / 4).tolist() and lo.tolist() == hi.tolist() == x.tolist()
+
+
 # ---------------------------------------------------------------------------
 # End to end (espeak-ng)
 
