@@ -147,3 +147,28 @@ def test_standard_protocol_object_and_names_agree(pair):
     by_name = sl.stitch(front, back, "blocks.1", data, "slm", protocol="standard", **QUICK)
     by_object = sl.stitch(front, back, "blocks.1", data, "slm", protocol=Standard(), **QUICK)
     assert by_name.history == by_object.history
+
+
+def test_scores_on_front_activations_equal_scores_on_the_data(pair):
+    front, back = pair
+    data, test = _data(), _data(70, seed=3)
+    st = sl.Stitcher(front, back, "blocks.1")
+    acts = st.front_activations(test, batch_size=32)
+    assert len(acts) == 70 and torch.equal(acts.labels, test[1])
+    with torch.no_grad():
+        torch.testing.assert_close(acts.activations, st.front_prefix(test[0]), rtol=0, atol=1e-6)
+        ref = back(test[0])
+    for objective in ("slm", "dm"):
+        model = st.fit(objective, data, **QUICK)
+        on_data = st.evaluate(model, test, ref, batch_size=32)
+        assert st.evaluate(model, acts, ref, batch_size=32) == on_data
+    with pytest.raises(TypeError, match="logits"):
+        st.evaluate(model, acts, back)
+    with pytest.raises(ValueError, match="attack"):
+        st.evaluate(model, acts, ref, attack={"eps": 0.1})
+    other = sl.Stitcher(front, back, "blocks.1")
+    with pytest.raises(ValueError, match="another Stitcher"):
+        other.evaluate(other.fit("slm", data, **QUICK), acts, ref)
+    trained = st.fit("slm", data, frozen_mode="train", **QUICK)  # its own front copy
+    with pytest.raises(ValueError, match="not fitted by this one"):
+        st.evaluate(trained, acts, ref)

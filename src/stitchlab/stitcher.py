@@ -30,7 +30,7 @@ from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, TensorDataset
 
 from ._data import (
     DataLike,
@@ -50,7 +50,38 @@ from .protocols import Protocol, Standard, as_protocol
 from .splitting import OutputSelector, TracedModel
 from .stitched import StitchedModel, StitchRecord
 
-__all__ = ["Stitcher", "Initialisation", "stitch"]
+__all__ = ["Stitcher", "Initialisation", "FrontActivations", "stitch"]
+
+
+@dataclass(frozen=True, eq=False)
+class FrontActivations:
+    """A data set as the frozen front prefix of one :class:`Stitcher` represents it:
+    ``activations`` (N, ...) and ``labels`` (N,), from :meth:`Stitcher.front_activations`.
+    :meth:`Stitcher.evaluate` scores every model that Stitcher fits on them without running
+    the front again (the front is frozen, so its activations are the same for every fit)."""
+
+    activations: Tensor
+    labels: Tensor
+    owner: int  # id() of the Stitcher whose front computed them
+
+    def __len__(self) -> int:
+        return int(self.labels.shape[0])
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the activations hold."""
+        return self.activations.numel() * self.activations.element_size()
+
+
+class _OnActivations(nn.Module):
+    """A fitted model run from its front activation: stitch layer and back suffix."""
+
+    def __init__(self, model: StitchedModel) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, a: Tensor) -> Tensor:  # noqa: D102
+        return self.model.from_activation(a).logits  # type: ignore[return-value]
 
 
 @dataclass(frozen=True)
@@ -282,17 +313,46 @@ class Stitcher:
             torch.manual_seed(cfg.seed)
             return self._fit(obj, sset, cfg, init, init_data)
 
+    def front_activations(self, data: DataLike, *, batch_size: int = 256) -> FrontActivations:
+        """The frozen front prefix's activations of ``data`` (in eval mode, in batches of
+        ``batch_size`` as :func:`stitchlab.evaluate` runs them, so scores on them equal
+        scores on ``data``), to evaluate many fitted models without rerunning the front."""
+        dataset = as_dataset(data, "test_data")[0]
+        acts, labels = [], []
+        with torch.no_grad():
+            for x, y in batches(dataset, batch_size, self.device):
+                acts.append(self._front(x))
+                labels.append(y.cpu())
+        if not acts:
+            raise ValueError("test_data is empty")
+        return FrontActivations(torch.cat(acts), torch.cat(labels), id(self))
+
     def evaluate(
         self,
         model: StitchedModel,
-        test_data: DataLike,
+        test_data: DataLike | FrontActivations,
         reference: nn.Module | Tensor | None = None,
         *,
         batch_size: int = 256,
         attack: dict | None = None,
     ) -> dict[str, float]:
         """Scores of ``model`` against ``reference`` (default: the back model) on
-        ``test_data``; see :func:`stitchlab.evaluate`."""
+        ``test_data``; see :func:`stitchlab.evaluate`. ``test_data`` may be this Stitcher's
+        :meth:`front_activations` of the test set: then ``reference`` must be the
+        reference's logits on that set, and no ``attack`` (attacks need the inputs)."""
+        if isinstance(test_data, FrontActivations):
+            if test_data.owner != id(self) or model.front is not self._front:
+                raise ValueError(
+                    "these front activations come from another Stitcher, or the model was "
+                    "not fitted by this one: evaluate on the test data itself"
+                )
+            if not isinstance(reference, Tensor):
+                raise TypeError("with front activations give the reference's logits on the "
+                                "test data (a Tensor), not a model")  # fmt: skip
+            if attack is not None:
+                raise ValueError("an attack needs the test inputs, not front activations")
+            data = TensorDataset(test_data.activations, test_data.labels)
+            return _evaluate(_OnActivations(model), data, reference, batch_size=batch_size)
         ref = self.back_model if reference is None else reference
         return _evaluate(model, test_data, ref, batch_size=batch_size, attack=attack)
 

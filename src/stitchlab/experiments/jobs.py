@@ -435,6 +435,29 @@ class _Shared:
         self.test = marked(test, run.marker, exp_raw["data"])
         self.rolled = marked(test, run.marker, exp_raw["data"], rolled=True) if run.marker else None
         self._sets: dict[str, Any] = {}
+        self._front_acts: dict[str, Any] = {}
+
+    def scores(self, stitched, which: str, reference, batch_size: int) -> dict[str, float]:
+        """``evaluate`` of ``stitched`` on the group's test set (``which``: "test" or
+        "rolled"). The front prefix's activations of the set are computed once per group
+        (the front is frozen; every run of the group scores on the same activations), when
+        they fit the activation-cache budget; the scores equal those on the clips."""
+        from ..evaluation import evaluate
+        from ..fit import TrainingConfig
+
+        data = self.test if which == "test" else self.rolled
+        if stitched.front is not self.stitcher.front_prefix:  # a train-mode fit's own copy
+            return evaluate(stitched, data, reference, batch_size=batch_size)
+        if which not in self._front_acts:
+            per_sample = self.stitcher._bytes_per_sample([])["activations"]
+            fits = per_sample * len(data) * 2 <= TrainingConfig().cache_budget_bytes
+            self._front_acts[which] = (
+                self.stitcher.front_activations(data, batch_size=batch_size) if fits else None
+            )
+        acts = self._front_acts[which]
+        if acts is None:
+            return evaluate(stitched, data, reference, batch_size=batch_size)
+        return self.stitcher.evaluate(stitched, acts, reference, batch_size=batch_size)
 
     def training_set(self, run: StitchRun):
         """The StitchingSet of ``run``'s protocol (the previous protocol's is released)."""
@@ -459,7 +482,7 @@ class _Shared:
 
 
 def _compute_stitch(run: StitchRun, shared: _Shared) -> dict[str, Any]:
-    from ..evaluation import evaluate, robust_scores
+    from ..evaluation import robust_scores
     from ..fit import TrainingConfig
 
     exp_raw, store = shared.ctx.exp, shared.ctx.root
@@ -470,7 +493,7 @@ def _compute_stitch(run: StitchRun, shared: _Shared) -> dict[str, Any]:
     stitched = shared.stitcher.fit(run.objective, shared.training_set(run), settings=settings,
                                    init_data=shared.stitching)  # fmt: skip
     reference = reference_logits(exp_raw, store, run.back, run.marker)
-    scores = evaluate(stitched, shared.test, reference, batch_size=st["eval_batch_size"])
+    scores = shared.scores(stitched, "test", reference, st["eval_batch_size"])
     if st["attack"]:  # experiment B: agreement under PGD against the stitched model
         scores.update(robust_scores(stitched, shared.test, shared.back, st["attack"],
                                     batch_size=st["eval_batch_size"]))  # fmt: skip
@@ -481,7 +504,7 @@ def _compute_stitch(run: StitchRun, shared: _Shared) -> dict[str, Any]:
     }  # fmt: skip
     if run.marker and st["excess"]:
         ref_rolled = reference_logits(exp_raw, store, run.back, run.marker, rolled=True)
-        row["agreement_rolled"] = evaluate(stitched, shared.rolled, ref_rolled)["agreement"]
+        row["agreement_rolled"] = shared.scores(stitched, "rolled", ref_rolled, 256)["agreement"]
         row["excess_agreement"] = row["agreement"] - row["agreement_rolled"]
     q = stitched.iri_quality
     if q is not None:
