@@ -103,6 +103,23 @@ def test_beep_is_the_class_tone_and_rolled_is_the_next_class():
         Beeped(silent, step=500.0)
 
 
+def test_random_class_beep_is_independent_of_the_label():
+    n = 400
+    labels = torch.arange(n) % 10
+    silent = WaveformDataset(torch.zeros(n, 1, RATE // 4), labels, sample_rate=RATE)
+    coded, rand = Beeped(silent, seed=5), Beeped(silent, seed=5, random_class=True)
+    tones = torch.tensor([rand.beep(i, int(labels[i]), RATE // 4)[0] for i in range(n)])
+    assert set(tones.tolist()) == set(range(10))
+    assert float((tones == labels).float().mean()) < 0.2  # chance is 0.1
+    for i in range(5):  # the same position as the class-coded beep; the drawn tone
+        x, _ = rand[i]
+        assert int(x[0].nonzero()[0, 0]) == int(coded[i][0][0].nonzero()[0, 0])
+        seg = x[0, x[0].nonzero()[0, 0] :][:800].numpy()
+        assert abs(_peak_hz(seg, RATE) - (500 + 300 * int(tones[i]))) <= RATE / 800
+    with pytest.raises(ValueError, match="exclude"):
+        Beeped(silent, rolled=True, random_class=True)
+
+
 # ---------------------------------------------------------------------------
 # Models and 1-D stitching
 

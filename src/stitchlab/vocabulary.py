@@ -28,7 +28,8 @@ __all__ = [
 OBJECTIVES: tuple[str, ...] = ("hlm", "slm", "dm", "fula")
 PROTOCOLS: tuple[str, ...] = ("standard", "iris")
 IMAGE_MARKERS: tuple[str, ...] = ("pixel+loc", "pixel", "rand")
-AUDIO_MARKERS: tuple[str, ...] = ("beep",)  # a class-coded tone (stitchlab.data.Beeped)
+AUDIO_MARKERS: tuple[str, ...] = ("beep", "beep-rand")  # class-coded / random-class tone
+# (stitchlab.data.Beeped): "beep-rand" says nothing about the class, like "rand" for images
 MARKERS: tuple[str, ...] = IMAGE_MARKERS + AUDIO_MARKERS
 METHODS: tuple[str, ...] = ("standard", "adversarial", "simclr")
 DATA_KINDS: tuple[str, ...] = (
@@ -44,7 +45,8 @@ DEVICE_KINDS: tuple[str, ...] = ("cpu", "cuda", "mps")  # "cuda:1" etc. also acc
 
 OBJECTIVE_LABELS = {"hlm": "HLM", "slm": "SLM", "dm": "DM", "fula": "FuLA"}
 PROTOCOL_LABELS = {"standard": "standard", "iris": "IRIs"}
-MARKER_LABELS = {"pixel+loc": "Pixel+Loc", "pixel": "Pixel", "rand": "Rand", "beep": "Beep"}
+MARKER_LABELS = {"pixel+loc": "Pixel+Loc", "pixel": "Pixel", "rand": "Rand", "beep": "Beep",
+                 "beep-rand": "Beep (random class)"}
 
 # One row per stitch run of an experiment (results.csv / results.parquet).
 RESULT_COLUMNS: list[str] = [

@@ -375,7 +375,10 @@ class Beeped(Dataset):
     (drawn from ``(seed, index)`` only, so marked sets are deterministic) or a fraction in
     [0, 1] of the free range (0: at the start). The sum is clipped to [-1, 1].
     ``rolled=True`` gives every class the beep of class ``(label + roll) % num_classes``
-    (the test set for excess agreement). Labels are returned unchanged.
+    (the test set for excess agreement). ``random_class=True`` gives every clip the tone
+    of a class drawn from ``(seed, index)``, independent of its label (marker
+    ``"beep-rand"``): a model trained on it learns to ignore beeps. Labels are returned
+    unchanged.
     """
 
     def __init__(
@@ -387,6 +390,7 @@ class Beeped(Dataset):
         position: str | float = "random",
         rolled: bool = False,
         roll: int = 1,
+        random_class: bool = False,
         amplitude: float = 0.3,
         duration: float = 0.1,
         base: float = 500.0,
@@ -413,8 +417,11 @@ class Beeped(Dataset):
         self.num_classes = num_classes
         self.seed = seed
         self.position = position
+        if rolled and random_class:
+            raise ValueError("rolled and random_class exclude each other")
         self.rolled = rolled
         self.roll = roll if rolled else 0
+        self.random_class = bool(random_class)
         self.amplitude = float(amplitude)
         self.sample_rate = int(rate)
         self.base, self.step = float(base), float(step)
@@ -453,11 +460,11 @@ class Beeped(Dataset):
         """``(class whose tone is added, start sample)`` for item ``index``."""
         c = (int(label) + self.roll) % self.num_classes
         free = max(0, length - self.length)
-        if self.position == "random":
-            g = torch.Generator().manual_seed(_mix(self.seed, index, 0xBEE))
-            frac = float(torch.rand((), generator=g))
-        else:
-            frac = float(self.position)
+        g = torch.Generator().manual_seed(_mix(self.seed, index, 0xBEE))
+        u = torch.rand(2, generator=g)  # a position draw and a class draw, always both
+        frac = float(u[0]) if self.position == "random" else float(self.position)
+        if self.random_class:
+            c = min(int(u[1] * self.num_classes), self.num_classes - 1)
         return c, min(int(frac * (free + 1)), free)
 
     def __getitem__(self, index: int):
@@ -666,7 +673,8 @@ def spoken_words(
         sample_rate: samples per second of the clips (espeak-ng's 22,050 Hz resampled).
         duration: seconds per clip: the clips are ``(1, round(duration * sample_rate))``.
         cache: a folder to store the generated clips in and reuse them from.
-        marker: ``"beep"`` adds the class-coded tone of :class:`Beeped` to both splits.
+        marker: ``"beep"`` adds the class-coded tone of :class:`Beeped` to both splits,
+            ``"beep-rand"`` the tone of a random class (uninformative).
         rolled: with the marker, every clip gets the tone of the next class.
         marker_options: further :class:`Beeped` options (``position``, ``amplitude``, ...).
         accents: espeak-ng voices (accents) to draw from (default :data:`ACCENTS`).
@@ -692,8 +700,8 @@ def spoken_words(
     words = [str(w) for w in words]
     _check_args(words, n_train, n_test, sample_rate, duration, speed, pitch, level,
                 group_size, test_variants)  # fmt: skip
-    if marker not in (None, "beep"):
-        raise ValueError(f"marker must be None or 'beep', got {marker!r}")
+    if marker not in (None, "beep", "beep-rand"):
+        raise ValueError(f"marker must be None, 'beep' or 'beep-rand', got {marker!r}")
     if marker is None and (rolled or marker_options):
         raise ValueError("rolled and marker_options need marker='beep'")
     version = espeak_version()  # also: a clear error if espeak-ng is missing
@@ -753,8 +761,10 @@ def spoken_words(
             audio, tensors[f"{split}_labels"], sample_rate=sample_rate,
             classes=words, voices=voices,
         )  # fmt: skip
-        if marker == "beep":
-            ds = Beeped(ds, rolled=rolled, **(marker_options or {}))
+        if marker is not None:
+            random_class = marker == "beep-rand"
+            ds = Beeped(ds, rolled=rolled and not random_class, random_class=random_class,
+                        **(marker_options or {}))  # fmt: skip
         splits.append(ds)
     return splits[0], splits[1]
 

@@ -184,17 +184,20 @@ def marked(
     dataset, marker: str | None, data: dict[str, Any], rolled: bool = False, rate: float = 1.0
 ):
     """``dataset`` with the pair's marker (unchanged without one): an image marker
-    (:class:`~stitchlab.data.Marked`) or the class-coded beep of speech
-    (:class:`~stitchlab.data.Beeped`). With ``rate`` < 1 only that fraction of the items
-    (a fixed draw from the data seed) carry it: a partial shortcut to train on."""
+    (:class:`~stitchlab.data.Marked`) or the beep of speech (:class:`~stitchlab.data.Beeped`:
+    class-coded, or of a random class for ``"beep-rand"``). With ``rate`` < 1 only that
+    fraction of the items (a fixed draw from the data seed) carry it: a partial shortcut to
+    train on."""
     if marker is None:
         return dataset
     from ..data import Beeped, Marked
 
-    if marker == "beep":
+    if marker in ("beep", "beep-rand"):
         rate_hz = data["options"].get("sample_rate", 8000)
+        uninformative = marker == "beep-rand"  # rolled or not, the tone is a random class's
         out = Beeped(dataset, num_classes=data["num_classes"], seed=data["seed"],
-                     rolled=rolled, sample_rate=rate_hz)  # fmt: skip
+                     rolled=rolled and not uninformative, random_class=uninformative,
+                     sample_rate=rate_hz)  # fmt: skip
     else:
         out = Marked(dataset, marker, num_classes=data["num_classes"], seed=data["seed"],
                      rolled=rolled)  # fmt: skip
