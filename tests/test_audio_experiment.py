@@ -321,8 +321,8 @@ def test_quick_audio_demo_end_to_end(tmp_path):
     for r in rows:
         if r["pair"] == "identical" and r["objective"] != "hlm":
             assert float(r["agreement"]) >= 90, r
-    # measured (docs/validation/audio.md): cross-bias SLM at blocks.3 78.7 standard, 44.8
-    # under IRIs; at blocks.1 under IRIs cross-seed 77.7, cross-bias 67.3
+    # measured (docs/validation/audio.md): cross-bias SLM at blocks.3 79.1 standard, 44.9
+    # under IRIs; at blocks.1 under IRIs cross-seed 77.7, cross-bias 66.6
     assert agreement("cross-bias", "standard") >= 65  # standard stitching: "similar"
     assert agreement("cross-bias", "standard") - agreement("cross-bias", "iris") >= 25
     assert agreement("cross-seed", "iris", point="blocks.1") > agreement(
