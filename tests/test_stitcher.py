@@ -155,6 +155,7 @@ def test_scores_on_front_activations_equal_scores_on_the_data(pair):
     st = sl.Stitcher(front, back, "blocks.1")
     acts = st.front_activations(test, batch_size=32)
     assert len(acts) == 70 and torch.equal(acts.labels, test[1])
+    assert st.front_activations(test, budget_bytes=1) is None  # over the budget: none
     with torch.no_grad():
         torch.testing.assert_close(acts.activations, st.front_prefix(test[0]), rtol=0, atol=1e-6)
         ref = back(test[0])

@@ -67,11 +67,6 @@ class FrontActivations:
     def __len__(self) -> int:
         return int(self.labels.shape[0])
 
-    @property
-    def nbytes(self) -> int:
-        """Bytes the activations hold."""
-        return self.activations.numel() * self.activations.element_size()
-
 
 class _OnActivations(nn.Module):
     """A fitted model run from its front activation: stitch layer and back suffix."""
@@ -313,11 +308,18 @@ class Stitcher:
             torch.manual_seed(cfg.seed)
             return self._fit(obj, sset, cfg, init, init_data)
 
-    def front_activations(self, data: DataLike, *, batch_size: int = 256) -> FrontActivations:
+    def front_activations(
+        self, data: DataLike, *, batch_size: int = 256, budget_bytes: int | None = None
+    ) -> FrontActivations | None:
         """The frozen front prefix's activations of ``data`` (in eval mode, in batches of
         ``batch_size`` as :func:`stitchlab.evaluate` runs them, so scores on them equal
-        scores on ``data``), to evaluate many fitted models without rerunning the front."""
+        scores on ``data``), to evaluate many fitted models without rerunning the front.
+        None, computing nothing, when they would need more than ``budget_bytes``."""
         dataset = as_dataset(data, "test_data")[0]
+        if budget_bytes is not None:
+            self.setup(dataset)
+            if self._bytes_per_sample([])["activations"] * len(dataset) > budget_bytes:  # type: ignore[arg-type]
+                return None
         acts, labels = [], []
         with torch.no_grad():
             for x, y in batches(dataset, batch_size, self.device):
