@@ -316,7 +316,9 @@ class LeastSquares:
         """``(W, b, relative residual)``; ``ridge`` is relative to the mean feature energy.
 
         Without ridge the minimum-norm least-squares solution is used (rank-deficient
-        activations, such as dead ReLU channels, are fine).
+        activations, such as dead ReLU channels, are fine). The residual comes from the
+        normal equations, so it is exact only to about 1e-8 (sqrt of float64 eps): an
+        exact fit reports about 1e-8, not 0.
         """
         if self.rows == 0:
             raise ValueError("No rows were added to the least-squares problem.")
