@@ -259,6 +259,49 @@ def test_straight_through_relu_is_exact_forward_and_identity_backward():
     torch.testing.assert_close(r.rel_error, exact, rtol=1e-4, atol=1e-5)
 
 
+def test_surrogate_relu_gradient_and_fronts():
+    """relu_grad="surrogate": exact forward; backward slope 1 / ``relu_slope`` at inner ReLUs,
+    identity at the final one; every inner ReLU replaced, both in traced and plain fronts."""
+    from stitchlab.iris import IRIRecipe, _frozen_front, surrogate_relu
+
+    x = torch.tensor([-1.0, 0.0, 0.5, 2.0], requires_grad=True)
+    y = surrogate_relu(x, 0.25)
+    assert torch.equal(y, torch.tensor([0.0, 0.0, 0.5, 2.0]))
+    (y * torch.tensor([1.0, 2.0, 3.0, 4.0])).sum().backward()
+    assert torch.equal(x.grad, torch.tensor([0.25, 0.5, 3.0, 4.0]))  # hand-computed
+    # a 1-unit chain relu(w2 * relu(w1 * x)) at x where the inner unit is off (w1 x = -2):
+    # exact gradient 0; surrogate: the final ReLU passes 1, the inner one relu_slope
+    m = nn.Sequential(nn.Linear(1, 1, bias=False), nn.ReLU(), nn.Linear(1, 1, bias=False),
+                      nn.ReLU(), nn.Linear(1, 2))  # fmt: skip
+    with torch.no_grad():
+        m[0].weight.fill_(-2.0)
+        m[2].weight.fill_(3.0)
+    xs = torch.ones(1, 1)
+    grads = {}
+    for mode in ("exact", "straight_through", "surrogate"):
+        front = _frozen_front(m, "3", relu_grad=mode, relu_slope=0.1)
+        xi = xs.clone().requires_grad_(True)
+        out = front(xi)
+        assert torch.equal(out, torch.zeros(1, 1))  # the forward is exact in every mode
+        out.sum().backward()
+        grads[mode] = float(xi.grad)
+    assert grads == {"exact": 0.0, "straight_through": 0.0,
+                     "surrogate": pytest.approx(-2.0 * 0.1 * 3.0 * 1.0)}  # fmt: skip
+    # a traced ResNet front: all 8 ReLU calls before layer2.1's output are replaced
+    net = models.create("resnet18", width=4).eval()
+    front = _frozen_front(net, "layer2.1", relu_grad="surrogate")
+    kinds = [n.target for n in front.graph.nodes if n.op in ("call_function", "call_module")]
+    assert sum(k is surrogate_relu for k in kinds) == 8
+    assert not any(isinstance(k, str) and k.endswith("relu") for k in kinds)
+    xi = torch.rand(2, 3, 32, 32)
+    torch.testing.assert_close(front(xi), sl.split(net, "layer2.1")[0](xi))
+    # the recipe: validated, and in the key only when used
+    assert "relu_slope" not in IRIRecipe().key_dict()
+    assert IRIRecipe(relu_grad="surrogate", relu_slope=0.2).key_dict()["relu_slope"] == 0.2
+    with pytest.raises(ValueError, match="relu_slope"):
+        IRIRecipe.from_kwargs(relu_grad="surrogate", relu_slope=1.0)
+
+
 def test_quality_is_judged_against_the_null():
     from stitchlab.iris import IRIQuality
 

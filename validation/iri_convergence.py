@@ -41,6 +41,8 @@ RECIPES = {
                                    "final_step_size": 0.0005, "tolerance": None},
     "default (adam + ST + tol 0.01)": {},
     "default + image start": {"start": "image"},
+    "default + surrogate inner ReLUs 0.1": {"relu_grad": "surrogate", "relu_slope": 0.1},
+    "default + surrogate inner ReLUs 0.3": {"relu_grad": "surrogate", "relu_slope": 0.3},
 }  # fmt: skip
 
 
@@ -61,14 +63,27 @@ def _ends_in_relu(model: torch.nn.Module, point: str) -> bool:
     return _is_relu(out, gm)
 
 
-def study(config: str, store: Path, n: int, steps: list[int], recipes: list[str]) -> list[dict]:
-    """One row per (front, point, recipe, step budget)."""
+def study(
+    config: str,
+    store: Path,
+    n: int,
+    steps: list[int],
+    recipes: list[str],
+    only: list[str] | None = None,
+) -> list[dict]:
+    """One row per (front, point, recipe, step budget); ``only``: these models (a back
+    too), each with the marker of the first pair that uses it."""
     exp = load_config(config)
     raw = with_fingerprints(exp.raw)
     fronts: dict[str, str | None] = {}
     for spec in exp.pairs.values():
-        for front in spec["front"]:
+        for front in spec["front"] + ([spec["back"]] if only else []):
             fronts.setdefault(front, spec.get("marker"))
+    if only:
+        unknown = sorted(set(only) - set(fronts))
+        if unknown:
+            raise SystemExit(f"--fronts: {unknown} are in no pair of {config}")
+        fronts = {k: fronts[k] for k in only}
     points = next(iter(exp.points.values()))
     rows = []
     for front_name, marker in fronts.items():
@@ -212,6 +227,7 @@ def main() -> None:
     p.add_argument("--recipes", default=",".join(RECIPES))
     p.add_argument("--figure", default=None, help="PNG path for the figure")
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--fronts", default="", help="only these models (e.g. back,shortcut1)")
     args = p.parse_args()
     if args.tables:
         rows = read_csv(Path(args.tables))
@@ -225,7 +241,8 @@ def main() -> None:
     print(f"commit {commit}; {args.config}; n={args.n}; steps {args.steps}", flush=True)
     t0 = time.perf_counter()
     rows = study(args.config, Path(args.store), args.n, [int(s) for s in args.steps.split(",")],
-                 [r for r in args.recipes.split(",") if r])  # fmt: skip
+                 [r for r in args.recipes.split(",") if r],
+                 [f for f in args.fronts.split(",") if f] or None)  # fmt: skip
     write_csv(rows, Path(args.out) / "iri_convergence.csv")
     if args.figure:
         figure(rows, Path(args.figure), f"IRI convergence: {Path(args.config).stem}")

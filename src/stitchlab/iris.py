@@ -84,6 +84,11 @@ class IRIRecipe:
     (a post-activation point) as if it were the identity, as model-metamer work does: a
     unit that is dead in the IRI but alive in the source still gets a gradient. The
     forward pass, and so every reported error, is the exact ReLU.
+    ``relu_grad="surrogate"`` does the same at the final ReLU and, at every earlier ReLU of
+    the prefix, backpropagates a slope of ``relu_slope`` where the unit is off (a leaky
+    ReLU's derivative; 0 is the exact gradient, 1 the identity, which diverges: the
+    linearised net is a poor guide), so that units dead inside the prefix still pass some
+    gradient. Only the descent direction changes; the forward pass stays exact.
 
     ``start`` is where the optimisation begins: ``"noise"`` (uniform over the box),
     ``"image"`` (another source of the batch), ``"blur"`` (the source smoothed: a 5x5
@@ -104,7 +109,8 @@ class IRIRecipe:
     box: tuple[float, float] = (0.0, 1.0)
     batch_size: int = 128
     amp: Literal["auto", "off", "bf16"] = "auto"  # bf16 autocast on CUDA when "auto"
-    relu_grad: Literal["exact", "straight_through"] = "straight_through"
+    relu_grad: Literal["exact", "straight_through", "surrogate"] = "straight_through"
+    relu_slope: float = 0.1  # backward slope of the inner ReLUs under relu_grad="surrogate"
     start_scale: float = 0.003  # standard deviation of the "scaled_noise" start
     precision: Literal["uint8", "int16", "float32"] = "uint8"  # storage of the IRIs
 
@@ -144,9 +150,15 @@ class IRIRecipe:
             raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
         if self.amp not in ("auto", "off", "bf16"):
             raise ValueError(f"amp must be 'auto', 'off' or 'bf16', got {self.amp!r}")
-        if self.relu_grad not in ("exact", "straight_through"):
+        if self.relu_grad not in ("exact", "straight_through", "surrogate"):
             raise ValueError(
-                f"relu_grad must be 'exact' or 'straight_through', got {self.relu_grad!r}"
+                "relu_grad must be 'exact', 'straight_through' or 'surrogate', got "
+                f"{self.relu_grad!r}"
+            )
+        if not 0.0 <= self.relu_slope < 1.0:
+            raise ValueError(
+                f"relu_slope must be in [0, 1) (1 is the identity, which diverges), got "
+                f"{self.relu_slope}"
             )
 
     def step_at(self, t: int) -> float:
@@ -182,14 +194,16 @@ class IRIRecipe:
     def key_dict(self) -> dict:
         """The fields that name a stored IRI set (:func:`generate_iris_set`'s key): all of
         :meth:`as_dict`, except the fields added after the first stored sets where they
-        say what those sets did: ``precision`` when it is ``"uint8"`` and ``start_scale``
-        unless the start is ``"scaled_noise"``. A set stored before these fields existed
-        keeps its key."""
+        say what those sets did: ``precision`` when it is ``"uint8"``, ``start_scale``
+        unless the start is ``"scaled_noise"`` and ``relu_slope`` unless ``relu_grad`` is
+        ``"surrogate"``. A set stored before these fields existed keeps its key."""
         d = self.as_dict()
         if d["precision"] == "uint8":
             del d["precision"]
         if d["start"] != "scaled_noise":
             del d["start_scale"]
+        if d["relu_grad"] != "surrogate":
+            del d["relu_slope"]
         return d
 
 
@@ -371,6 +385,27 @@ def straight_through_relu(x: Tensor) -> Tensor:
     return _StraightThroughReLU.apply(x)
 
 
+class _SurrogateReLU(torch.autograd.Function):
+    """ReLU forward; backward with slope 1 where the input is positive, ``slope`` elsewhere."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, slope: float) -> Tensor:  # noqa: D102
+        ctx.save_for_backward(x)
+        ctx.slope = slope
+        return x.clamp_min(0)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):  # noqa: D102
+        (x,) = ctx.saved_tensors
+        gain = (x > 0).to(grad.dtype).mul_(1.0 - ctx.slope).add_(ctx.slope)
+        return grad * gain, None
+
+
+def surrogate_relu(x: Tensor, slope: float = 0.1) -> Tensor:
+    """``relu(x)`` whose gradient is ``slope`` (not 0) where ``x <= 0``."""
+    return _SurrogateReLU.apply(x, slope)
+
+
 def _is_relu(node, root: nn.Module) -> bool:
     if node.op == "call_module":
         return isinstance(root.get_submodule(str(node.target)), nn.ReLU)
@@ -384,10 +419,7 @@ def _straight_through_output(front: nn.Module) -> bool:
     True when there was one."""
     import torch.fx as fx
 
-    graphs = [front] if isinstance(front, fx.GraphModule) else [
-        m for m in (getattr(front, "train_graph", None), getattr(front, "eval_graph", None))
-        if isinstance(m, fx.GraphModule)
-    ]  # fmt: skip
+    graphs = _front_graphs(front)
     if isinstance(front, nn.Sequential) and isinstance(front[-1], nn.ReLU):
         front[-1] = _STReLUModule()
         return True
@@ -410,15 +442,65 @@ class _STReLUModule(nn.Module):
         return straight_through_relu(x)
 
 
+class _SurrogateReLUModule(nn.Module):
+    def __init__(self, slope: float) -> None:
+        super().__init__()
+        self.slope = slope
+
+    def forward(self, x: Tensor) -> Tensor:  # noqa: D102
+        return surrogate_relu(x, self.slope)
+
+
+def _front_graphs(front: nn.Module) -> list:
+    import torch.fx as fx
+
+    if isinstance(front, fx.GraphModule):
+        return [front]
+    return [
+        m for m in (getattr(front, "train_graph", None), getattr(front, "eval_graph", None))
+        if isinstance(m, fx.GraphModule)
+    ]  # fmt: skip
+
+
+def _surrogate_inner(front: nn.Module, slope: float) -> int:
+    """Give every ReLU of ``front`` still in place (those before a straight-through final
+    one) the surrogate gradient of slope ``slope``; the number replaced."""
+    replaced = 0
+    graphs = _front_graphs(front)
+    for gm in graphs:
+        for node in list(gm.graph.nodes):
+            if _is_relu(node, gm):
+                with gm.graph.inserting_after(node):
+                    new = gm.graph.call_function(surrogate_relu, (node.args[0], slope))
+                node.replace_all_uses_with(new)
+                gm.graph.erase_node(node)
+                replaced += 1
+        gm.recompile()
+    if not graphs:  # a plain module (nn.Sequential fronts): swap the ReLU modules
+        for module in list(front.modules()):
+            for child_name, child in list(module.named_children()):
+                if isinstance(child, nn.ReLU):
+                    setattr(module, child_name, _SurrogateReLUModule(slope))
+                    replaced += 1
+    return replaced
+
+
 def _frozen_front(
-    model: nn.Module, point: str, leaf_modules: tuple = (), output=None, relu_grad="exact"
+    model: nn.Module,
+    point: str,
+    leaf_modules: tuple = (),
+    output=None,
+    relu_grad="exact",
+    relu_slope: float = 0.1,
 ) -> nn.Module:
     front, _ = split(model, point, leaf_modules=leaf_modules, output=output)
     front = copy.deepcopy(front).eval()
     for p in front.parameters():
         p.requires_grad_(False)
-    if relu_grad == "straight_through":
+    if relu_grad in ("straight_through", "surrogate"):
         _straight_through_output(front)
+    if relu_grad == "surrogate":
+        _surrogate_inner(front, relu_slope)
     return front
 
 
@@ -607,7 +689,9 @@ def generate_iris(
     given = {k: v for k, v in (("steps", steps), ("step_size", step_size)) if v is not None}
     rec = IRIRecipe.from_kwargs(**given, **recipe)
     dev = torch.device(device) if device is not None else _module_device(model)
-    front = _frozen_front(model, point, leaf_modules, output, rec.relu_grad).to(dev)
+    front = _frozen_front(
+        model, point, leaf_modules, output, rec.relu_grad, rec.relu_slope
+    ).to(dev)
     if isinstance(images, Tensor):
         _check_images(images, rec.box)
         sources = [images]
@@ -816,7 +900,7 @@ def generate_iris_set(
         )
     dataset, _ = as_dataset(data, "data")
     dev = torch.device(device) if device is not None else _module_device(model)
-    front = _frozen_front(model, point, leaf_modules, output, rec.relu_grad)
+    front = _frozen_front(model, point, leaf_modules, output, rec.relu_grad, rec.relu_slope)
     key_parts = {
         "format": FORMAT_VERSION,
         "front": model_fingerprint(front),
