@@ -396,9 +396,8 @@ class _SurrogateReLU(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad: Tensor):  # noqa: D102
-        (x,) = ctx.saved_tensors
-        gain = (x > 0).to(grad.dtype).mul_(1.0 - ctx.slope).add_(ctx.slope)
-        return grad * gain, None
+        (x,) = ctx.saved_tensors  # leaky ReLU's own backward kernel: one fused pass
+        return torch.ops.aten.leaky_relu_backward(grad, x, ctx.slope, False), None
 
 
 def surrogate_relu(x: Tensor, slope: float = 0.1) -> Tensor:
