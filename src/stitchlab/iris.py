@@ -441,15 +441,6 @@ class _STReLUModule(nn.Module):
         return straight_through_relu(x)
 
 
-class _SurrogateReLUModule(nn.Module):
-    def __init__(self, slope: float) -> None:
-        super().__init__()
-        self.slope = slope
-
-    def forward(self, x: Tensor) -> Tensor:  # noqa: D102
-        return surrogate_relu(x, self.slope)
-
-
 def _front_graphs(front: nn.Module) -> list:
     import torch.fx as fx
 
@@ -461,11 +452,12 @@ def _front_graphs(front: nn.Module) -> list:
     ]  # fmt: skip
 
 
-def _surrogate_inner(front: nn.Module, slope: float) -> int:
+def _surrogate_inner(front: nn.Module, slope: float) -> None:
     """Give every ReLU of ``front`` still in place (those before a straight-through final
-    one) the surrogate gradient of slope ``slope``; the number replaced."""
-    replaced = 0
+    one) the surrogate gradient of slope ``slope``."""
     graphs = _front_graphs(front)
+    if not graphs:  # split() always returns traced fronts
+        raise TypeError(f"relu_grad='surrogate' needs a traced front, got {type(front)}")
     for gm in graphs:
         for node in list(gm.graph.nodes):
             if _is_relu(node, gm):
@@ -473,15 +465,7 @@ def _surrogate_inner(front: nn.Module, slope: float) -> int:
                     new = gm.graph.call_function(surrogate_relu, (node.args[0], slope))
                 node.replace_all_uses_with(new)
                 gm.graph.erase_node(node)
-                replaced += 1
         gm.recompile()
-    if not graphs:  # a plain module (nn.Sequential fronts): swap the ReLU modules
-        for module in list(front.modules()):
-            for child_name, child in list(module.named_children()):
-                if isinstance(child, nn.ReLU):
-                    setattr(module, child_name, _SurrogateReLUModule(slope))
-                    replaced += 1
-    return replaced
 
 
 def _frozen_front(

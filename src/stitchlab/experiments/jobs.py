@@ -441,19 +441,21 @@ class _Shared:
         """``evaluate`` of ``stitched`` on the group's test set (``which``: "test" or
         "rolled"). The front prefix's activations of the set are computed once per group
         (the front is frozen; every run of the group scores on the same activations), when
-        both sets' fit the activation-cache budget; the scores equal those on the clips."""
+        both sets fit the activation-cache budget; the scores equal those on the clips."""
         from ..evaluation import evaluate
         from ..fit import TrainingConfig
 
         data = self.test if which == "test" else self.rolled
+        if stitched.front is not self.stitcher.front_prefix:  # a train-mode fit's own copy
+            return evaluate(stitched, data, reference, batch_size=batch_size)
         if which not in self._front_acts:
             budget = TrainingConfig().cache_budget_bytes // 2  # the test and rolled sets
             self._front_acts[which] = self.stitcher.front_activations(
                 data, batch_size=batch_size, budget_bytes=budget
             )
         acts = self._front_acts[which]
-        if acts is None or stitched.front is not self.stitcher.front_prefix:  # over budget,
-            return evaluate(stitched, data, reference, batch_size=batch_size)  # or own copy
+        if acts is None:  # over the budget
+            return evaluate(stitched, data, reference, batch_size=batch_size)
         return self.stitcher.evaluate(stitched, acts, reference, batch_size=batch_size)
 
     def training_set(self, run: StitchRun):
