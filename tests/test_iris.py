@@ -321,3 +321,27 @@ def test_quality_is_judged_against_the_null():
         t = m[1](m[0](x))
     expected = (t.roll(-1, 0) - t).norm(dim=1) / t.norm(dim=1)
     torch.testing.assert_close(r.null_error, expected)
+
+
+def test_iri_agreement_hand_computed():
+    """A model that reads only pixel 0: IRIs that change pixel 1 leave it at 100; flipping
+    pixel 0 of one IRI in four gives 75 (softmax one-hot to e^-100)."""
+    from stitchlab import iri_agreement
+
+    model = nn.Sequential(nn.Flatten(), nn.Linear(2, 2, bias=False))
+    with torch.no_grad():
+        model[1].weight.copy_(torch.tensor([[50.0, 0.0], [-50.0, 0.0]]))
+    src = torch.tensor([[1.0, 0.3], [-1.0, 0.1], [1.0, -0.7], [-1.0, 0.9]]).view(4, 1, 1, 2)
+    labels = torch.tensor([0, 1, 0, 1])
+    iris = src.clone()
+    iris[..., 1] = torch.tensor([-0.5, 0.5, 2.0, -2.0]).view(4, 1, 1)
+    same = iri_agreement(model, (iris, labels), (src, labels))
+    assert same["agreement"] == pytest.approx(100.0, abs=1e-9)
+    assert same["hard_agreement"] == 100.0
+    iris[2, ..., 0] = -1.0
+    one_off = iri_agreement(model, (iris, labels), (src, labels))
+    assert one_off["agreement"] == pytest.approx(75.0, abs=1e-9)
+    assert one_off["hard_agreement"] == 75.0
+    assert one_off["agreement_ci_low"] <= 75.0 <= one_off["agreement_ci_high"]
+    with pytest.raises(ValueError, match="3 IRIs for 4 source images"):
+        iri_agreement(model, (iris[:3], labels[:3]), (src, labels))

@@ -4,7 +4,10 @@ For the pairs of an experiment config whose models are in its store, at a few po
 IRI sets of several recipes (several error levels, from rough signed steps to
 stitchlab's converged default), stitched with SLM, FuLA and DM under the IRI protocol and
 scored on the pair's (marked) test set. Then, with the default recipe, more IRIs
-(``--n-iris``) and more stitch epochs (``--epochs``). Answers whether a pair's fall
+(``--n-iris``; fewer with ``--n-subsets``, the first n of the run's own set) and more
+stitch epochs (``--epochs``). Every row also has the stitch-free transfer of the IRI set:
+how the front model and the back model each decide on the IRIs against their sources
+(:func:`stitchlab.iri_agreement`). Answers whether a pair's fall
 under IRIs follows the IRIs' error (a rough IRI is a different image to the back model)
 or stays when the IRIs are exact (a real difference in invariances).
 
@@ -25,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from stitchlab import InvarianceAware, Stitcher, TrainingConfig, evaluate
+from stitchlab import InvarianceAware, Stitcher, TrainingConfig, evaluate, iri_agreement
 from stitchlab.experiments import load_config, with_fingerprints
 from stitchlab.experiments.datasets import marked, stitch_data, test_data
 from stitchlab.experiments.jobs import iris_data_key, load_model, reference_logits, tracing
@@ -38,6 +41,8 @@ LEVELS = {  # from rough to converged
     "default, 50 steps": {"steps": 50},
     "default, 100 steps": {"steps": 100},
     "default (200 steps)": {},
+    "surrogate 0.1 (200 steps)": {"relu_grad": "surrogate", "relu_slope": 0.1},
+    "default, 400 steps": {"steps": 400},
 }  # fmt: skip
 
 
@@ -51,9 +56,10 @@ def _cell(raw, store, pair, point, objectives, grid, lr):
     st = Stitcher(front, back, point, **tracing(raw, front_name, back_name))
     test = marked(test_data(raw), marker, raw["data"])
     ref = reference_logits(raw, store, back_name, marker)
+    n0 = raw["stitch"]["n_stitch"]
     for recipe, n_iris, epochs in grid:
         exp = copy.deepcopy(raw)
-        exp["stitch"]["n_stitch"] = n_iris
+        exp["stitch"]["n_stitch"] = max(n_iris, n0)  # fewer: the first n of the run's set
         data = stitch_data(exp, marker)
         t0 = time.perf_counter()
         # the experiment's own data key: the default recipe's sets are the run's own
@@ -61,21 +67,33 @@ def _cell(raw, store, pair, point, objectives, grid, lr):
                                  threshold=10.0, data_key=iris_data_key(exp, marker),
                                  **tracing(raw, front_name), **LEVELS[recipe])  # fmt: skip
         iri_seconds = time.perf_counter() - t0
+        errors, null = iris.rel_error, iris.null_error
+        train_iris, train_data, items = iris, data, iris  # items: (iri, source label)
+        if n_iris < len(iris):
+            train_data = torch.utils.data.Subset(data, range(n_iris))
+            train_iris = iris.images()[:n_iris]
+            items = (train_iris, iris.labels[:n_iris])
+            errors, null = errors[:n_iris], null[:n_iris] if null is not None else None
+        median = float(errors.median())
+        null_ratio = float(null.median()) / median if null is not None else float("nan")
+        # stitch-free: does each whole model decide on the IRIs as on their sources?
+        transfer = {f"{who}_on_iris": iri_agreement(model, items, train_data)["agreement"]
+                    for who, model in (("front", front), ("back", back))}  # fmt: skip
         training = {**raw["stitch"]["training"], "epochs": epochs}
         if lr is not None:
             training["lr"] = lr
         settings = TrainingConfig(init_samples=raw["stitch"]["n_init"], **training)
-        sset = st.collect(data, InvarianceAware(iris=iris, allow_flagged=True,
-                                                threshold=10.0, min_null_ratio=0.0))  # fmt: skip
-        q = iris.quality
+        protocol = InvarianceAware(iris=train_iris, allow_flagged=True, threshold=10.0,
+                                   min_null_ratio=0.0)  # fmt: skip
+        sset = st.collect(train_data, protocol)
         for objective in objectives:
             s = st.fit(objective, sset, settings=settings, init_data=data)
             yield {
                 "pair": pair, "point": point, "objective": objective, "recipe": recipe,
                 "n_iris": n_iris, "epochs": epochs,
                 "agreement": evaluate(s, test, ref)["agreement"],
-                "iri_median_error": q.median_error, "iri_p90_error": q.p90_error,
-                "iri_null_ratio": q.null_ratio, "iri_seconds": iri_seconds,
+                "iri_median_error": median, "iri_p90_error": float(errors.quantile(0.9)),
+                "iri_null_ratio": null_ratio, "iri_seconds": iri_seconds, **transfer,
             }  # fmt: skip
 
 
@@ -89,9 +107,17 @@ def main() -> None:
     p.add_argument("--pairs", default="cross-seed,cross-bias")
     p.add_argument("--points", default="")
     p.add_argument("--objectives", default="slm,fula,dm")
-    p.add_argument("--levels", default=";".join(LEVELS),
-                   help="';'-separated IRI recipes of LEVELS (default: all)")
+    p.add_argument(
+        "--levels",
+        default=";".join(LEVELS),
+        help="';'-separated IRI recipes of LEVELS (default: all)",
+    )
     p.add_argument("--n-iris", default="", help="more IRIs with the default recipe, e.g. 4000")
+    p.add_argument(
+        "--n-subsets",
+        default="",
+        help="fewer IRIs: the first n of the default set, e.g. 250,500,1000",
+    )
     p.add_argument("--epochs", default="", help="more stitch epochs, e.g. 30")
     p.add_argument("--lr", type=float, default=None)
     p.add_argument("--threads", type=int, default=2)
@@ -111,7 +137,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     raw = with_fingerprints(load_config(args.config).raw)
     store = Path(args.store)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+    commit = subprocess.run(["git", "-C", str(Path(__file__).parent), "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True).stdout.strip()  # fmt: skip
     print(f"commit {commit}; {args.config}", flush=True)
     n0, e0 = raw["stitch"]["n_stitch"], raw["stitch"]["training"].get("epochs", 30)
@@ -121,6 +147,7 @@ def main() -> None:
         raise SystemExit(f"unknown levels {unknown}; choose from {list(LEVELS)}")
     grid = [(r, n0, e0) for r in levels]
     grid += [("default (200 steps)", int(n), e0) for n in args.n_iris.split(",") if n]
+    grid += [("default (200 steps)", int(n), e0) for n in args.n_subsets.split(",") if n]
     grid += [("default (200 steps)", n0, int(e)) for e in args.epochs.split(",") if e]
     rows = []
     t_start = time.perf_counter()
@@ -131,9 +158,11 @@ def main() -> None:
             objectives = args.objectives.split(",")
             for row in _cell(raw, store, pair, point, objectives, grid, args.lr):
                 rows.append(row)
-                print(f"{pair:10s} {point:9s} {row['objective']:4s} {row['recipe']:30s} "
-                      f"n={row['n_iris']} ep={row['epochs']}: agreement {row['agreement']:.1f} "
-                      f"(IRI median {row['iri_median_error']:.3f})", flush=True)  # fmt: skip
+                r = row
+                print(f"{pair:10s} {point:9s} {r['objective']:4s} {r['recipe']:30s} "
+                      f"n={r['n_iris']} ep={r['epochs']}: agreement {r['agreement']:.1f} "
+                      f"(IRI median {r['iri_median_error']:.3f}; front/back on IRIs "
+                      f"{r['front_on_iris']:.1f}/{r['back_on_iris']:.1f})", flush=True)  # fmt: skip
                 # rewritten after every row: an interrupted run keeps what it measured
                 with (out / "dose_response.csv").open("w", newline="") as f:
                     w = csv.DictWriter(f, fieldnames=list(rows[0]))

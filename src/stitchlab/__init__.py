@@ -19,7 +19,7 @@ The public API::
 """
 
 from ._data import DataError
-from .evaluation import evaluate
+from .evaluation import evaluate, iri_agreement
 from .fit import TrainingConfig
 from .iris import IRIRecipe, IRISet, generate_iris, generate_iris_set
 from .layers import ActivationSpec, StitchLayer, StitchShapeError
@@ -63,6 +63,7 @@ __all__ = [
     "InvarianceAware",
     "StitchRecord",
     "evaluate",
+    "iri_agreement",
     "generate_iris",
     "generate_iris_set",
     "IRISet",
