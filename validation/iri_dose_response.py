@@ -137,8 +137,9 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     raw = with_fingerprints(load_config(args.config).raw)
     store = Path(args.store)
-    commit = subprocess.run(["git", "-C", str(Path(__file__).parent), "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True).stdout.strip()  # fmt: skip
+    here = str(Path(__file__).parent)
+    commit = subprocess.run(["git", "-C", here, "rev-parse", "--short", "HEAD"],
+                            capture_output=True, text=True).stdout.strip()  # fmt: skip
     print(f"commit {commit}; {args.config}", flush=True)
     n0, e0 = raw["stitch"]["n_stitch"], raw["stitch"]["training"].get("epochs", 30)
     levels = args.levels.split(";")
