@@ -133,6 +133,13 @@ def test_run_resume_extend(tmp_path):
     assert {r["pair"] for r in rows} == {"identical", "cross-seed"}
     iris_rows = [r for r in rows if r["protocol"] == "iris"]
     assert all(r["iri_median_error"] for r in iris_rows)
+    # stitch-free transfer: for the identical pair the back is the front (equal values);
+    # the standard protocol has none
+    for r in iris_rows:
+        assert 0 <= float(r["iri_back_agreement"]) <= 100
+        if r["pair"] == "identical":
+            assert r["iri_back_agreement"] == r["iri_front_agreement"]
+    assert all(r["iri_back_agreement"] == "" for r in rows if r["protocol"] == "standard")
     ident = [r for r in rows if r["pair"] == "identical" and r["protocol"] == "standard"]
     assert all(float(r["agreement"]) > 95 for r in ident)
     assert (out / "pairs.csv").exists() and (out / "iris_examples.safetensors").exists()

@@ -88,6 +88,8 @@ def synthetic_run(
                             row.update(iri_median_error=e, iri_p90_error=1.6 * e,
                                        iri_pixel_rms=0.2, iri_null_median=1.0,
                                        iri_null_ratio=1.0 / e)  # fmt: skip
+                            back = 11.0 if "bias" in pair else 95 - 40 * depth
+                            row.update(iri_front_agreement=99.0, iri_back_agreement=back)
                         rows.append(row)
                         if optional and "robust" in pair and objective in ("slm", "fula"):
                             robust = a - 20 * depth - 10 * (protocol == "iris")
@@ -176,6 +178,7 @@ def test_make_report_writes_html_and_figures(full_report):
     assert "Layer-averaged agreement" in html and "IRI quality per front and point" in html
     assert "times closer than null" in html and "null (another image)" in html
     assert "Pairs and the Front reference" in html
+    assert "Shared invariance without a stitch" in html and "back on the front&#x27;s IRIs" in html
     assert "Layer-averaged robust agreement" in html and "excess agreement (pp)" in html
     assert "K = 10" in html  # inferred from agreement_normalized
 
@@ -320,3 +323,20 @@ def test_markdown_table_known_output():
     assert markdown_table(rows) == "| a | b | c |\n|---|---|---|\n| 1 | 0.25 |  |\n| 2 |  |  |"
     df = pd.DataFrame({"x": [1.26, None]})
     assert markdown_table(df, float_format=".1f") == "| x |\n|---|\n| 1.3 |\n|  |"
+
+
+def test_iri_transfer_hand_computed():
+    from stitchlab.report.tables import iri_transfer
+
+    iris = dict(protocol="iris", iri_front_agreement=99.0)
+    rows = [
+        _row(point="a", point_index=1, seed=1, agreement=50.0, iri_back_agreement=40.0, **iris),
+        _row(point="a", point_index=1, seed=2, agreement=52.0, iri_back_agreement=60.0, **iris),
+        _row(point="b", point_index=2, seed=1, agreement=20.0, iri_back_agreement=10.0, **iris),
+        _row(point="a", point_index=1, seed=1, agreement=90.0),  # standard: no transfer
+    ]
+    t = iri_transfer(pd.DataFrame(rows))
+    assert list(t["point"]) == ["a", "b"]
+    assert list(t["iri_back_agreement"]) == [50.0, 10.0]  # (40 + 60) / 2
+    assert list(t["iri_front_agreement"]) == [99.0, 99.0]
+    assert iri_transfer(pd.DataFrame(rows[3:])) is None

@@ -426,7 +426,7 @@ class _Shared:
         exp_raw, store = ctx.exp, ctx.root
         self.ctx = ctx
         self.back = load_model(exp_raw, store, run.back)
-        front = load_model(exp_raw, store, run.front)
+        self.front = front = load_model(exp_raw, store, run.front)
         self.stitching = stitch_data(exp_raw, run.marker)
         trace = tracing(exp_raw, run.front, run.back)
         self.stitcher = Stitcher(front, self.back, run.point, device=exp_raw["run"]["device"],
@@ -436,6 +436,7 @@ class _Shared:
         self.rolled = marked(test, run.marker, exp_raw["data"], rolled=True) if run.marker else None
         self._sets: dict[str, Any] = {}
         self._front_acts: dict[str, Any] = {}
+        self._transfer: dict[str, dict[str, float]] = {}
 
     def scores(self, stitched, which: str, reference, batch_size: int) -> dict[str, float]:
         """``evaluate`` of ``stitched`` on the group's test set (``which``: "test" or
@@ -479,6 +480,25 @@ class _Shared:
             self._sets = {key: sset}
         return self._sets[key]
 
+    def transfer(self, run: StitchRun) -> dict[str, float]:
+        """Stitch-free, for an IRI-protocol run: how the whole front and back models decide
+        on the IRI set against its source images (:func:`stitchlab.iri_agreement`), once per
+        set; empty for the standard protocol."""
+        from ..evaluation import iri_agreement
+        from ..iris import IRISet
+
+        if run.protocol != "iris" or run.iris_path is None:
+            return {}
+        if run.iris_path not in self._transfer:
+            iris = IRISet(run.iris_path)
+            batch = self.ctx.exp["stitch"]["eval_batch_size"]
+            self._transfer[run.iris_path] = {
+                f"iri_{who}_agreement": iri_agreement(model, iris, self.stitching,
+                                                      batch_size=batch)["agreement"]
+                for who, model in (("front", self.front), ("back", self.back))
+            }  # fmt: skip
+        return self._transfer[run.iris_path]
+
 
 def _compute_stitch(run: StitchRun, shared: _Shared) -> dict[str, Any]:
     from ..evaluation import robust_scores
@@ -510,6 +530,7 @@ def _compute_stitch(run: StitchRun, shared: _Shared) -> dict[str, Any]:
         row.update(iri_median_error=q.median_error, iri_p90_error=q.p90_error,
                    iri_pixel_rms=q.median_pixel_rms, iri_null_median=q.null_median,
                    iri_null_ratio=q.null_ratio, iri_flagged=q.flagged)  # fmt: skip
+        row.update(shared.transfer(run))
     row["seconds"] = time.perf_counter() - t0
     return row
 

@@ -34,6 +34,7 @@ from .tables import (
     front_reference,
     infer_num_classes,
     iri_quality,
+    iri_transfer,
     layer_averages,
     marker_label,
     objective_label,
@@ -367,6 +368,17 @@ def make_report(
                 "median relative distance between the representations of two different "
                 "real images at the point; a set less than 10x closer than it is flagged."
                 )  # fmt: skip
+    transfer = iri_transfer(results)
+    if transfer is not None:
+        t = transfer.rename(columns={"iri_front_agreement": "front on its IRIs",
+                                     "iri_back_agreement": "back on the front's IRIs"})
+        for c in ("front on its IRIs", "back on the front's IRIs"):
+            t[c] = [_html.fmt(v, 1) for v in t[c]]
+        b.table("table-iri-transfer", "Shared invariance without a stitch", t,
+                "Agreement (%) of each whole model's outputs on the front's IRIs with its "
+                "outputs on their source images. The front near 100: the IRIs are close "
+                "enough to change nothing it decides. The back near 100: the back is "
+                "invariant to what the IRIs changed; near chance: it is not.")
     if data.pairs is not None:
         pairs = data.pairs.copy()
         for c in ("front_agreement", "front_accuracy", "back_accuracy"):

@@ -177,6 +177,27 @@ def iri_quality(results: pd.DataFrame) -> pd.DataFrame | None:
     return table[["front", "point", "point_index", *[c for c in table if c in agg]]]
 
 
+def iri_transfer(results: pd.DataFrame) -> pd.DataFrame | None:
+    """Per pair and stitch point, how the whole front and back models decide on the front's
+    IRIs against their sources (``iri_front_agreement``, ``iri_back_agreement``: mean over
+    the IRI-protocol rows), or None when ``results`` records none."""
+    cols = [c for c in ("iri_front_agreement", "iri_back_agreement") if c in results]
+    if len(cols) < 2:
+        return None
+    d = results[results["protocol"] == "iris"]
+    d = d[d[cols].notna().all(axis=1)]
+    if d.empty:
+        return None
+    table = (
+        d.groupby(["pair", "point_index"], sort=False)
+        .agg(front=("front", "first"), back=("back", "first"), point=("point", "first"),
+             **{c: (c, "mean") for c in cols})
+        .reset_index()
+    )  # fmt: skip
+    table = _sort(table, results, ["pair", "point_index"])
+    return table[["pair", "front", "back", "point", *cols]]
+
+
 def front_reference(pairs: pd.DataFrame | None) -> dict[str, tuple[float, float, float]]:
     """Front reference per pair from ``pairs.csv``: ``(mean, min, max)`` of ``front_agreement``
     over the pair's rows (several rows: several front models)."""
