@@ -155,6 +155,10 @@ def test_compare_end_to_end_timm_pair(tmp_path, folder):
     assert (df["agreement"] <= df["agreement_ci_high"]).all()
     assert df[df.protocol == "iris"]["iri_median_error"].notna().all()
     assert df[df.protocol == "standard"]["iri_median_error"].isna().all()
+    iris_rows = df[df.protocol == "iris"]
+    for col in ("iri_front_agreement", "iri_back_agreement", "null_iri_back_agreement"):
+        assert iris_rows[col].between(0, 100).all()
+        assert df[df.protocol == "standard"][col].isna().all()
     assert pd.read_parquet(out / "results.parquet").shape == df.shape
     html = (out / "report.html").read_text()
     assert "<img src=\"data:image/png;base64," in html and "excess over null" in html

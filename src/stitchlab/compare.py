@@ -621,12 +621,13 @@ def _execute(s, front, back, stitch_set, test_set, reference, todo, store, progr
         leaves = tuple(dict.fromkeys(front.source.leaf_modules + back.source.leaf_modules))
         st = Stitcher(front_model, back.model, f"net.{f}", f"net.{b}", leaf_modules=leaves,
                       layouts=_layouts(front, back, f, b), device=s.device)  # fmt: skip
-        sets = {}
+        sets, transfer = {}, {}
         for r in sorted(group, key=lambda r: (r["protocol"], r["seed"])):
             if r["protocol"] not in sets:
                 proto = Standard() if r["protocol"] == "standard" else InvarianceAware(
                     cache=str(store / "iris"), recipe=recipe, allow_flagged=True)
                 sets[r["protocol"]] = st.collect(stitch_set, proto)
+                transfer[r["protocol"]] = _transfer(sets[r["protocol"]], front_model, back.model)
             sset = sets[r["protocol"]]
             seed = r["seed"]
             init = st.initialise(stitch_set, samples=s.n_init, seed=seed)
@@ -646,6 +647,7 @@ def _execute(s, front, back, stitch_set, test_set, reference, todo, store, progr
                 "iri_median_error": None if q is None else q.median_error,
                 "iri_null_ratio": None if q is None else q.null_ratio,
                 "iri_flagged": None if q is None else bool(q.flagged),
+                **transfer[r["protocol"]],
                 "init_residual": model.record.init_residual,
                 "seconds": round(time.time() - t, 2),
             })  # fmt: skip
@@ -653,6 +655,17 @@ def _execute(s, front, back, stitch_set, test_set, reference, todo, store, progr
                 bar.update(1)
     if bar is not None:
         bar.close()
+
+
+def _transfer(sset, front: nn.Module, back: nn.Module) -> dict[str, float | None]:
+    """Stitch-free: the whole front and back models on the IRIs against their sources
+    (:func:`stitchlab.iri_agreement`); None for the standard protocol."""
+    from .evaluation import iri_agreement
+
+    if sset.protocol != "iris":
+        return {"iri_front_agreement": None, "iri_back_agreement": None}
+    return {f"iri_{who}_agreement": iri_agreement(m, sset.dataset, sset.real)["agreement"]
+            for who, m in (("front", front), ("back", back))}  # fmt: skip
 
 
 def _layouts(front: _Side, back: _Side, f: str, b: str) -> tuple[dict | None, dict | None]:
@@ -699,6 +712,9 @@ def _aggregate(s, front, back, data, runs, entries) -> list[dict[str, Any]]:
             "iri_median_error": mean_of("iri_median_error"),
             "iri_null_ratio": mean_of("iri_null_ratio"),
             "iri_flagged": any(bool(e.get("iri_flagged")) for e in real),
+            "iri_front_agreement": mean_of("iri_front_agreement"),
+            "iri_back_agreement": mean_of("iri_back_agreement"),
+            "null_iri_back_agreement": mean_of("iri_back_agreement", null),
             "null_iri_median_error": mean_of("iri_median_error", null),
             "seconds": round(sum(e["seconds"] for e in real + null), 1),
         })  # fmt: skip

@@ -135,6 +135,7 @@ def write_compare_report(out: str | Path, results: pd.DataFrame, summary: dict[s
             "Agreement (%) for each cell of the grid.",
             _save(plot_heatmaps(results), figs, "heatmap"),
             ["figures/heatmap.png", "figures/heatmap.pdf"]))  # fmt: skip
+    nan_column = pd.Series(float("nan"), index=results.index)  # tables before the column
     table = pd.DataFrame({
         "front point": results["front_point"], "back point": results["back_point"],
         "objective": results["objective"].str.upper(), "protocol": results["protocol"],
@@ -148,12 +149,15 @@ def write_compare_report(out: str | Path, results: pd.DataFrame, summary: dict[s
         "IRI median error": [_digits(v, 3) for v in results["iri_median_error"]],
         "IRIs x closer than another image": [_digits(v, 1) for v in results["iri_null_ratio"]],
         "IRIs flagged": results["iri_flagged"].where(results["protocol"] == "iris"),
+        "back on the front's IRIs": [_digits(v, 1) for v in
+                                     results.get("iri_back_agreement", nan_column)],
     })  # fmt: skip
     tables = [TableEntry("results", "Scores", table,
                          "One row per (front point, back point, objective, protocol); "
                          "results.csv has every column.",
                          numeric=("seeds", "IRI median error",
-                                  "IRIs x closer than another image"))]  # fmt: skip
+                                  "IRIs x closer than another image",
+                                  "back on the front's IRIs"))]  # fmt: skip
     d = summary["data"]
     meta = [
         ("front", summary["front"]), ("front input", summary["front_input"]),
