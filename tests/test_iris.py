@@ -343,5 +343,8 @@ def test_iri_agreement_hand_computed():
     assert one_off["agreement"] == pytest.approx(75.0, abs=1e-9)
     assert one_off["hard_agreement"] == 75.0
     assert one_off["agreement_ci_low"] <= 75.0 <= one_off["agreement_ci_high"]
+    # the null pairs each source with another (seed 0: 0-2, 1-0, 2-3, 3-1); two of the
+    # four pairs have the same class, so the model agrees on half of them
+    assert one_off["null_agreement"] == pytest.approx(50.0, abs=1e-9)
     with pytest.raises(ValueError, match="3 IRIs for 4 source images"):
         iri_agreement(model, (iris[:3], labels[:3]), (src, labels))

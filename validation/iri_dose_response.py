@@ -77,8 +77,10 @@ def _cell(raw, store, pair, point, objectives, grid, lr):
         median = float(errors.median())
         null_ratio = float(null.median()) / median if null is not None else float("nan")
         # stitch-free: does each whole model decide on the IRIs as on their sources?
-        transfer = {f"{who}_on_iris": iri_agreement(model, items, train_data)["agreement"]
-                    for who, model in (("front", front), ("back", back))}  # fmt: skip
+        on_back = iri_agreement(back, items, train_data)
+        transfer = {"front_on_iris": iri_agreement(front, items, train_data)["agreement"],
+                    "back_on_iris": on_back["agreement"],
+                    "back_null": on_back["null_agreement"]}  # fmt: skip
         training = {**raw["stitch"]["training"], "epochs": epochs}
         if lr is not None:
             training["lr"] = lr
@@ -122,17 +124,22 @@ def main() -> None:
     p.add_argument("--lr", type=float, default=None)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--figure", default=None)
+    p.add_argument("--count-figure", default=None,
+                   help="agreement against the number of IRIs (with --n-subsets / --n-iris)")
+    p.add_argument("--n0", type=int, default=2000, help="with --plot: the config's n_stitch")
+    p.add_argument("--e0", type=int, default=6, help="with --plot: the config's epochs")
     args = p.parse_args()
     if args.plot:
         with open(args.plot) as f:
             rows = list(csv.DictReader(f))
         for r in rows:
-            for k in ("agreement", "iri_median_error"):
-                r[k] = float(r[k])
+            for k in ("agreement", "iri_median_error", "front_on_iris", "back_on_iris"):
+                r[k] = float(r[k]) if r.get(k) not in (None, "") else float("nan")
             r["n_iris"], r["epochs"] = int(r["n_iris"]), int(r["epochs"])
-        n0 = min(r["n_iris"] for r in rows)
-        e0 = min(r["epochs"] for r in rows)
-        _figure(rows, Path(args.figure), n0, e0)
+        if args.figure:
+            _figure(rows, Path(args.figure), args.n0, args.e0)
+        if args.count_figure:
+            _count_figure(rows, Path(args.count_figure), args.e0)
         return
     torch.set_num_threads(args.threads)
     raw = with_fingerprints(load_config(args.config).raw)
@@ -171,6 +178,8 @@ def main() -> None:
                     w.writerows(rows)
     if args.figure:
         _figure(rows, Path(args.figure), n0, e0)
+    if args.count_figure:
+        _count_figure(rows, Path(args.count_figure), e0)
     print(f"done in {time.perf_counter() - t_start:.0f} s", flush=True)
 
 
@@ -209,6 +218,40 @@ def _figure(rows, path: Path, n0: int, e0: int) -> None:
                 markers.items()]  # fmt: skip
     fig.legend(handles=handles, loc="center right", fontsize=7, frameon=False)
     fig.tight_layout(rect=(0, 0, 0.85, 1))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+
+
+def _count_figure(rows, path: Path, e0: int) -> None:
+    """Agreement under IRIs against the number of IRIs (default recipe), one panel per
+    (pair, point), with the back model's own agreement on the IRIs (no stitch) dashed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import matplotlib.ticker
+
+    rows = [r for r in rows if r["recipe"] == "default (200 steps)" and r["epochs"] == e0]
+    cells = list(dict.fromkeys((r["pair"], r["point"]) for r in rows))
+    fig, axes = plt.subplots(1, len(cells), figsize=(3.6 * len(cells), 3.0), squeeze=False)
+    for ax, (pair, point) in zip(axes[0], cells):
+        cell = [r for r in rows if (r["pair"], r["point"]) == (pair, point)]
+        for objective, marker in zip(dict.fromkeys(r["objective"] for r in cell), "os^D"):
+            pts = sorted((r["n_iris"], r["agreement"]) for r in cell if r["objective"] == objective)
+            label = {"fula": "FuLA"}.get(objective, objective.upper())
+            ax.plot(*zip(*pts), marker=marker, label=label)
+        top = max(cell, key=lambda r: r["n_iris"])
+        ax.axhline(top["back_on_iris"], ls="--", color="0.3", label="back on the IRIs (no stitch)")
+        ax.set_xscale("log")
+        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+        ax.set_xticks(sorted({r["n_iris"] for r in cell}))
+        ax.set_xticklabels([str(n) for n in sorted({r["n_iris"] for r in cell})], fontsize=7)
+        ax.set_xlabel("number of IRIs")
+        ax.set_ylim(0, 100)
+        ax.set_title(f"{pair}, {point}", fontsize=9)
+        ax.set_ylabel("agreement under IRIs (%)")
+        ax.legend(fontsize=7, frameon=False)
+    fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
 

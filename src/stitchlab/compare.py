@@ -659,13 +659,17 @@ def _execute(s, front, back, stitch_set, test_set, reference, todo, store, progr
 
 def _transfer(sset, front: nn.Module, back: nn.Module) -> dict[str, float | None]:
     """Stitch-free: the whole front and back models on the IRIs against their sources
-    (:func:`stitchlab.iri_agreement`); None for the standard protocol."""
+    (:func:`stitchlab.iri_agreement`), and the back's agreement between two different
+    real images (its null); None for the standard protocol."""
     from .evaluation import iri_agreement
 
     if sset.protocol != "iris":
-        return {"iri_front_agreement": None, "iri_back_agreement": None}
-    return {f"iri_{who}_agreement": iri_agreement(m, sset.dataset, sset.real)["agreement"]
-            for who, m in (("front", front), ("back", back))}  # fmt: skip
+        return dict.fromkeys(("iri_front_agreement", "iri_back_agreement",
+                              "iri_back_null_agreement"))  # fmt: skip
+    on_back = iri_agreement(back, sset.dataset, sset.real)
+    return {"iri_front_agreement": iri_agreement(front, sset.dataset, sset.real)["agreement"],
+            "iri_back_agreement": on_back["agreement"],
+            "iri_back_null_agreement": on_back["null_agreement"]}  # fmt: skip
 
 
 def _layouts(front: _Side, back: _Side, f: str, b: str) -> tuple[dict | None, dict | None]:
@@ -714,6 +718,7 @@ def _aggregate(s, front, back, data, runs, entries) -> list[dict[str, Any]]:
             "iri_flagged": any(bool(e.get("iri_flagged")) for e in real),
             "iri_front_agreement": mean_of("iri_front_agreement"),
             "iri_back_agreement": mean_of("iri_back_agreement"),
+            "iri_back_null_agreement": mean_of("iri_back_null_agreement"),
             "null_iri_back_agreement": mean_of("iri_back_agreement", null),
             "null_iri_median_error": mean_of("iri_median_error", null),
             "seconds": round(sum(e["seconds"] for e in real + null), 1),

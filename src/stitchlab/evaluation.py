@@ -74,8 +74,11 @@ def iri_agreement(
     close enough to matter nowhere downstream (about 100 when they are); for another model
     it is a stitch-free measure of shared invariance: the back model of a pair reaches about
     100 only if it is invariant to what the front's IRIs changed. Returns ``agreement``,
-    ``agreement_ci_low``, ``agreement_ci_high`` (the metric of :func:`evaluate`) and
-    ``hard_agreement`` (same top-1 decision).
+    ``agreement_ci_low``, ``agreement_ci_high`` (the metric of :func:`evaluate`),
+    ``hard_agreement`` (same top-1 decision) and ``null_agreement``: the same model's
+    agreement between its outputs on two different source images (a seeded pairing, no
+    image with itself), the level its agreement on the IRIs would have if they were
+    unrelated images.
     """
     from ._data import predict
 
@@ -89,11 +92,17 @@ def iri_agreement(
         on_iris, _ = predict(model, iris, batch_size=batch_size)
         on_sources, _ = predict(model, sources, batch_size=batch_size)
     low, high = metrics.agreement_interval(on_iris, on_sources)
+    n = len(on_sources)
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(0))
+    other = torch.empty_like(order)
+    other[order] = order.roll(1)  # each image paired with another one (n > 1)
+    null = metrics.agreement(on_sources[other], on_sources) if n > 1 else float("nan")
     return {
         "agreement": metrics.agreement(on_iris, on_sources),
         "agreement_ci_low": low,
         "agreement_ci_high": high,
         "hard_agreement": metrics.hard_agreement(on_iris, on_sources),
+        "null_agreement": null,
     }
 
 

@@ -482,8 +482,9 @@ class _Shared:
 
     def transfer(self, run: StitchRun) -> dict[str, float]:
         """Stitch-free, for an IRI-protocol run: how the whole front and back models decide
-        on the IRI set against its source images (:func:`stitchlab.iri_agreement`), once per
-        set; empty for the standard protocol."""
+        on the IRI set against its source images (:func:`stitchlab.iri_agreement`), and the
+        back's agreement between two different source images (its null), once per set;
+        empty for the standard protocol."""
         from ..evaluation import iri_agreement
         from ..iris import IRISet
 
@@ -492,11 +493,13 @@ class _Shared:
         if run.iris_path not in self._transfer:
             iris = IRISet(run.iris_path)
             batch = self.ctx.exp["stitch"]["eval_batch_size"]
+            front = iri_agreement(self.front, iris, self.stitching, batch_size=batch)
+            back = iri_agreement(self.back, iris, self.stitching, batch_size=batch)
             self._transfer[run.iris_path] = {
-                f"iri_{who}_agreement": iri_agreement(model, iris, self.stitching,
-                                                      batch_size=batch)["agreement"]
-                for who, model in (("front", self.front), ("back", self.back))
-            }  # fmt: skip
+                "iri_front_agreement": front["agreement"],
+                "iri_back_agreement": back["agreement"],
+                "iri_back_null_agreement": back["null_agreement"],
+            }
         return self._transfer[run.iris_path]
 
 

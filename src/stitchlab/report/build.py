@@ -371,14 +371,17 @@ def make_report(
     transfer = iri_transfer(results)
     if transfer is not None:
         t = transfer.rename(columns={"iri_front_agreement": "front on its IRIs",
-                                     "iri_back_agreement": "back on the front's IRIs"})
-        for c in ("front on its IRIs", "back on the front's IRIs"):
-            t[c] = [_html.fmt(v, 1) for v in t[c]]
+                                     "iri_back_agreement": "back on the front's IRIs",
+                                     "iri_back_null_agreement": "back: null (another image)"})
+        for c in ("front on its IRIs", "back on the front's IRIs", "back: null (another image)"):
+            if c in t:
+                t[c] = [_html.fmt(v, 1) for v in t[c]]
         b.table("table-iri-transfer", "Shared invariance without a stitch", t,
                 "Agreement (%) of each whole model's outputs on the front's IRIs with its "
                 "outputs on their source images. The front near 100: the IRIs are close "
                 "enough to change nothing it decides. The back near 100: the back is "
-                "invariant to what the IRIs changed; near chance: it is not.")
+                "invariant to what the IRIs changed; near its null (its agreement between "
+                "two different real images): it is not.")
     if data.pairs is not None:
         pairs = data.pairs.copy()
         for c in ("front_agreement", "front_accuracy", "back_accuracy"):

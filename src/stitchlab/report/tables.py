@@ -179,13 +179,16 @@ def iri_quality(results: pd.DataFrame) -> pd.DataFrame | None:
 
 def iri_transfer(results: pd.DataFrame) -> pd.DataFrame | None:
     """Per pair and stitch point, how the whole front and back models decide on the front's
-    IRIs against their sources (``iri_front_agreement``, ``iri_back_agreement``: mean over
-    the IRI-protocol rows), or None when ``results`` records none."""
+    IRIs against their sources (``iri_front_agreement``, ``iri_back_agreement``, and the
+    back's null ``iri_back_null_agreement`` where recorded: mean over the IRI-protocol
+    rows), or None when ``results`` records none."""
     cols = [c for c in ("iri_front_agreement", "iri_back_agreement") if c in results]
     if len(cols) < 2:
         return None
+    if "iri_back_null_agreement" in results:  # runs before this column have none
+        cols.append("iri_back_null_agreement")
     d = results[results["protocol"] == "iris"]
-    d = d[d[cols].notna().all(axis=1)]
+    d = d[d[cols[:2]].notna().all(axis=1)]
     if d.empty:
         return None
     table = (
