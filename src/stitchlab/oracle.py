@@ -291,6 +291,10 @@ def load_oracle_config(path: str | Path, quick: bool = False) -> OracleSettings:
     return OracleSettings.from_table(read_table_config(path, "oracle"), quick=quick)
 
 
+#: Bumped when _grade gains a method, so stored pair results without it are regraded.
+GRADED_METHODS_VERSION = 2
+
+
 def _network_name(cues: Sequence[str], seed: int) -> str:
     return "+".join(cues) + f"-s{seed}"
 
@@ -335,8 +339,9 @@ def run_oracle(settings: OracleSettings, out: str | Path, *, progress: bool = Tr
     store.mkdir(parents=True, exist_ok=True)
     # what changes a score keys its entry (networks by their training settings, IRI sets
     # by content): a rerun with other settings never reuses an entry made with these
-    pair_key = stable_hash({k: v for k, v in dataclasses.asdict(settings).items()
-                            if k not in ("bootstrap", "threads")}, 12)  # fmt: skip
+    graded = {k: v for k, v in dataclasses.asdict(settings).items()
+              if k not in ("bootstrap", "threads")}  # fmt: skip
+    pair_key = stable_hash({**graded, "methods": GRADED_METHODS_VERSION}, 12)
     t_start = time.time()
     with threads(settings.threads):
         nets = _train_family(settings, store)
@@ -409,10 +414,12 @@ def _bar(progress: bool, total: int, desc: str):
 
 def _grade(settings, front, back, point, stitching, test, iris) -> list[dict[str, Any]]:
     """Every method's score for one (front, back, point): stitching under each protocol and
-    objective (agreement with the back on aligned test data) and linear CKA. ``iris``: the
-    front's IRIs of the stitching images at ``point`` (the IRI protocol, CKA on IRIs)."""
+    objective (agreement with the back on aligned test data), linear CKA, and the back
+    model's agreement on the front's IRIs against their sources (``iri_transfer``, no
+    stitch). ``iris``: the front's IRIs of the stitching images at ``point`` (the IRI
+    protocol, CKA on IRIs)."""
     from ._data import predict
-    from .evaluation import evaluate
+    from .evaluation import evaluate, iri_agreement
     from .fit import TrainingConfig
     from .metrics import cka
     from .protocols import InvarianceAware, Standard
@@ -441,10 +448,16 @@ def _grade(settings, front, back, point, stitching, test, iris) -> list[dict[str
             fb = st.back_prefix(images).flatten(1)
         rows.append({"method": "cka", "protocol": data_name, "objective": "",
                      "score": 100.0 * cka(fa, fb), "iri_median_error": None})  # fmt: skip
+    # stitch-free: the whole back model on the front's IRIs against their sources
+    rows.append({"method": "iri_transfer", "protocol": "iris", "objective": "",
+                 "score": iri_agreement(back, iris, stitching)["agreement"],
+                 "iri_median_error": iris.quality.median_error})  # fmt: skip
     return rows
 
 
 def _method_key(r: dict[str, Any]) -> str:
+    if r["method"] == "iri_transfer":
+        return "iri_transfer"
     if r["method"] == "cka":
         return f"cka/{r['protocol']}"
     return f"stitch/{r['protocol']}/{r['objective']}"
