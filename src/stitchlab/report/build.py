@@ -44,6 +44,16 @@ from .tables import (
 
 __all__ = ["make_report", "save_figure", "layer_average_matrix"]
 
+
+def _renamed(df, columns: dict[str, tuple[str, int | None]]):
+    """``df`` with its columns renamed for display and formatted to the given digits
+    (None: as they are); columns it lacks are skipped."""
+    out = df.rename(columns={k: v[0] for k, v in columns.items()})
+    for name, digits in columns.values():
+        if name in out and digits is not None:
+            out[name] = [_html.fmt(v, digits) for v in out[name]]
+    return out
+
 DEFAULT_NUM_CLASSES = 10
 _TEXT_COLUMNS = {"experiment", "pair", "marker", "stitch training", "front", "back", "point"}
 _METADATA = {"png": {"Software": None}, "pdf": {"CreationDate": None}}  # reproducible files
@@ -348,21 +358,11 @@ def make_report(
             "Mean over stitch points of the excess agreement averaged over seeds.",
         )
     if quality is not None:
-        q = quality.rename(
-            columns={
-                "iri_median_error": "median rel. error",
-                "iri_p90_error": "p90 rel. error",
-                "iri_pixel_rms": "pixel RMS",
-                "iri_null_median": "null (another image)",
-                "iri_null_ratio": "times closer than null",
-                "n_runs": "runs",
-            }
-        ).drop(columns="point_index")
-        if "times closer than null" in q:
-            q["times closer than null"] = [_html.fmt(v, 1) for v in q["times closer than null"]]
-        for c in ("median rel. error", "p90 rel. error", "null (another image)", "pixel RMS"):
-            if c in q:
-                q[c] = [_html.fmt(v, 4) for v in q[c]]
+        q = _renamed(quality.drop(columns="point_index"), {
+            "iri_median_error": ("median rel. error", 4), "iri_p90_error": ("p90 rel. error", 4),
+            "iri_pixel_rms": ("pixel RMS", 4), "iri_null_median": ("null (another image)", 4),
+            "iri_null_ratio": ("times closer than null", 1), "n_runs": ("runs", None),
+        })  # fmt: skip
         b.table("table-iri-quality", "IRI quality per front and point", q,
                 "Mean over the IRI-protocol runs that used each IRI set. The null is the "
                 "median relative distance between the representations of two different "
@@ -370,12 +370,11 @@ def make_report(
                 )  # fmt: skip
     transfer = iri_transfer(results)
     if transfer is not None:
-        t = transfer.rename(columns={"iri_front_agreement": "front on its IRIs",
-                                     "iri_back_agreement": "back on the front's IRIs",
-                                     "iri_back_null_agreement": "back: null (another image)"})
-        for c in ("front on its IRIs", "back on the front's IRIs", "back: null (another image)"):
-            if c in t:
-                t[c] = [_html.fmt(v, 1) for v in t[c]]
+        t = _renamed(transfer, {
+            "iri_front_agreement": ("front on its IRIs", 1),
+            "iri_back_agreement": ("back on the front's IRIs", 1),
+            "iri_back_null_agreement": ("back: null (another image)", 1),
+        })  # fmt: skip
         b.table("table-iri-transfer", "Shared invariance without a stitch", t,
                 "Agreement (%) of each whole model's outputs on the front's IRIs with its "
                 "outputs on their source images. The front near 100: the IRIs are close "
