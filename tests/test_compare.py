@@ -156,8 +156,8 @@ def test_compare_end_to_end_timm_pair(tmp_path, folder):
     assert df[df.protocol == "iris"]["iri_median_error"].notna().all()
     assert df[df.protocol == "standard"]["iri_median_error"].isna().all()
     iris_rows = df[df.protocol == "iris"]
-    for col in ("iri_front_agreement", "iri_back_agreement", "iri_back_null_agreement",
-                "null_iri_back_agreement"):
+    for col in ("iri_front_agreement", "iri_back_agreement", "iri_back_hard_agreement",
+                "iri_back_null_agreement", "null_iri_back_agreement"):
         assert iris_rows[col].between(0, 100).all()
         assert df[df.protocol == "standard"][col].isna().all()
     assert pd.read_parquet(out / "results.parquet").shape == df.shape

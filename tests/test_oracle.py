@@ -95,15 +95,15 @@ def test_tiny_oracle_run_writes_its_tables_and_resumes(tmp_path):
     summary = run_oracle(settings, tmp_path, progress=False)
     with open(tmp_path / "oracle.csv") as f:
         rows = list(csv.DictReader(f))
-    # 9 ordered pairs x 1 point x (2 protocols x 2 objectives + 2 CKA + IRI transfer)
-    assert len(rows) == 9 * 7
+    # 9 ordered pairs x 1 point x (2 protocols x 2 objectives + 2 CKA + 2 IRI transfers)
+    assert len(rows) == 9 * 8
     assert all(float(r["oracle"]) == 100.0 for r in rows if r["self"] == "True")
     saved = json.loads((tmp_path / "summary.json").read_text())
     assert set(saved["methods"]) == {"stitch/standard/slm", "stitch/standard/dm",
                                      "stitch/iris/slm", "stitch/iris/dm", "cka/test", "cka/iris",
-                                     "iri_transfer"}
+                                     "iri_transfer/soft", "iri_transfer/hard"}
     transfer = [float(r["score"]) for r in rows if r["method"] == "iri_transfer"]
-    assert len(transfer) == 9 and all(0 <= v <= 100 for v in transfer)
+    assert len(transfer) == 2 * 9 and all(0 <= v <= 100 for v in transfer)
     assert saved["methods"]["stitch/standard/slm"]["layer_average"]["pairs"] == 6
     with open(tmp_path / "networks.csv") as f:
         nets = {r["network"]: r for r in csv.DictReader(f)}

@@ -90,6 +90,7 @@ def synthetic_run(
                                        iri_null_ratio=1.0 / e)  # fmt: skip
                             back = 11.0 if "bias" in pair else 95 - 40 * depth
                             row.update(iri_front_agreement=99.0, iri_back_agreement=back,
+                                       iri_back_hard_agreement=back - 2,
                                        iri_back_null_agreement=12.0)  # fmt: skip
                         rows.append(row)
                         if optional and "robust" in pair and objective in ("slm", "fula"):
@@ -180,7 +181,7 @@ def test_make_report_writes_html_and_figures(full_report):
     assert "times closer than null" in html and "null (another image)" in html
     assert "Pairs and the Front reference" in html
     assert "Shared invariance without a stitch" in html and "back on the front&#x27;s IRIs" in html
-    assert "back: null (another image)" in html
+    assert "back: null (another image)" in html and "back: same top-1 (%)" in html
     assert "Layer-averaged robust agreement" in html and "excess agreement (pp)" in html
     assert "K = 10" in html  # inferred from agreement_normalized
 

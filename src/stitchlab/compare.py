@@ -665,10 +665,11 @@ def _transfer(sset, front: nn.Module, back: nn.Module) -> dict[str, float | None
 
     if sset.protocol != "iris":
         return dict.fromkeys(("iri_front_agreement", "iri_back_agreement",
-                              "iri_back_null_agreement"))  # fmt: skip
+                              "iri_back_hard_agreement", "iri_back_null_agreement"))  # fmt: skip
     on_back = iri_agreement(back, sset.dataset, sset.real)
     return {"iri_front_agreement": iri_agreement(front, sset.dataset, sset.real)["agreement"],
             "iri_back_agreement": on_back["agreement"],
+            "iri_back_hard_agreement": on_back["hard_agreement"],
             "iri_back_null_agreement": on_back["null_agreement"]}  # fmt: skip
 
 
@@ -718,6 +719,7 @@ def _aggregate(s, front, back, data, runs, entries) -> list[dict[str, Any]]:
             "iri_flagged": any(bool(e.get("iri_flagged")) for e in real),
             "iri_front_agreement": mean_of("iri_front_agreement"),
             "iri_back_agreement": mean_of("iri_back_agreement"),
+            "iri_back_hard_agreement": mean_of("iri_back_hard_agreement"),
             "iri_back_null_agreement": mean_of("iri_back_null_agreement"),
             "null_iri_back_agreement": mean_of("iri_back_agreement", null),
             "null_iri_median_error": mean_of("iri_median_error", null),

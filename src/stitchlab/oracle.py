@@ -292,7 +292,7 @@ def load_oracle_config(path: str | Path, quick: bool = False) -> OracleSettings:
 
 
 #: Bumped when _grade gains a method, so stored pair results without it are regraded.
-GRADED_METHODS_VERSION = 2
+GRADED_METHODS_VERSION = 3
 
 
 def _network_name(cues: Sequence[str], seed: int) -> str:
@@ -415,9 +415,10 @@ def _bar(progress: bool, total: int, desc: str):
 def _grade(settings, front, back, point, stitching, test, iris) -> list[dict[str, Any]]:
     """Every method's score for one (front, back, point): stitching under each protocol and
     objective (agreement with the back on aligned test data), linear CKA, and the back
-    model's agreement on the front's IRIs against their sources (``iri_transfer``, no
-    stitch). ``iris``: the front's IRIs of the stitching images at ``point`` (the IRI
-    protocol, CKA on IRIs)."""
+    model's agreement on the front's IRIs against their sources (``iri_transfer/soft``,
+    the stitching scores' metric, and ``iri_transfer/hard``, equal top-1; no stitch).
+    ``iris``: the front's IRIs of the stitching images at ``point`` (the IRI protocol, CKA
+    on IRIs)."""
     from ._data import predict
     from .evaluation import evaluate, iri_agreement
     from .fit import TrainingConfig
@@ -448,16 +449,19 @@ def _grade(settings, front, back, point, stitching, test, iris) -> list[dict[str
             fb = st.back_prefix(images).flatten(1)
         rows.append({"method": "cka", "protocol": data_name, "objective": "",
                      "score": 100.0 * cka(fa, fb), "iri_median_error": None})  # fmt: skip
-    # stitch-free: the whole back model on the front's IRIs against their sources
-    rows.append({"method": "iri_transfer", "protocol": "iris", "objective": "",
-                 "score": iri_agreement(back, iris, stitching)["agreement"],
-                 "iri_median_error": iris.quality.median_error})  # fmt: skip
+    # stitch-free: the whole back model on the front's IRIs against their sources, as the
+    # stitching scores' agreement ("soft") and as the share of equal top-1 decisions
+    transfer = iri_agreement(back, iris, stitching)
+    for kind, key in (("soft", "agreement"), ("hard", "hard_agreement")):
+        rows.append({"method": "iri_transfer", "protocol": kind, "objective": "",
+                     "score": transfer[key],
+                     "iri_median_error": iris.quality.median_error})  # fmt: skip
     return rows
 
 
 def _method_key(r: dict[str, Any]) -> str:
     if r["method"] == "iri_transfer":
-        return "iri_transfer"
+        return f"iri_transfer/{r['protocol']}"
     if r["method"] == "cka":
         return f"cka/{r['protocol']}"
     return f"stitch/{r['protocol']}/{r['objective']}"

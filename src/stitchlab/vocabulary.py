@@ -56,7 +56,8 @@ RESULT_COLUMNS: list[str] = [
     "hard_agreement", "error_consistency", "reference_accuracy", "agreement_rolled",
     "excess_agreement", "init_residual", "iri_median_error", "iri_p90_error",
     "iri_pixel_rms", "iri_null_median", "iri_null_ratio", "iri_flagged", "iri_front_agreement",
-    "iri_back_agreement", "iri_back_null_agreement", "adversarial",
+    "iri_back_agreement", "iri_back_hard_agreement", "iri_back_null_agreement",
+    "adversarial",
     "robust_agreement", "robust_accuracy", "robust_samples", "cache_used", "seconds",
 ]  # fmt: skip
 

@@ -482,8 +482,9 @@ class _Shared:
 
     def transfer(self, run: StitchRun) -> dict[str, float]:
         """Stitch-free, for an IRI-protocol run: how the whole front and back models decide
-        on the IRI set against its source images (:func:`stitchlab.iri_agreement`), and the
-        back's agreement between two different source images (its null), once per set;
+        on the IRI set against its source images (:func:`stitchlab.iri_agreement`), the back's
+        share of equal top-1 decisions, and the back's agreement between two different
+        source images (its null), once per set;
         empty for the standard protocol."""
         from ..evaluation import iri_agreement
         from ..iris import IRISet
@@ -498,6 +499,7 @@ class _Shared:
             self._transfer[run.iris_path] = {
                 "iri_front_agreement": front["agreement"],
                 "iri_back_agreement": back["agreement"],
+                "iri_back_hard_agreement": back["hard_agreement"],
                 "iri_back_null_agreement": back["null_agreement"],
             }
         return self._transfer[run.iris_path]

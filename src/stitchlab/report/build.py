@@ -373,6 +373,7 @@ def make_report(
         t = _renamed(transfer, {
             "iri_front_agreement": ("front on its IRIs", 1),
             "iri_back_agreement": ("back on the front's IRIs", 1),
+            "iri_back_hard_agreement": ("back: same top-1 (%)", 1),
             "iri_back_null_agreement": ("back: null (another image)", 1),
         })  # fmt: skip
         b.table("table-iri-transfer", "Shared invariance without a stitch", t,

@@ -40,7 +40,7 @@ RESULTS_OPTIONAL_NUMERIC: tuple[str, ...] = (
     "agreement_ci_low", "agreement_ci_high", "iri_median_error", "iri_p90_error",
     "iri_pixel_rms", "iri_null_median", "iri_null_ratio", "agreement_rolled",
     "excess_agreement", "robust_agreement", "stitch_seed", "iri_front_agreement",
-    "iri_back_agreement", "iri_back_null_agreement",
+    "iri_back_agreement", "iri_back_hard_agreement", "iri_back_null_agreement",
 )  # fmt: skip
 _RESULTS_TEXT = ("experiment", "pair", "front", "back", "point", "objective", "protocol")
 _RESULTS_INT = ("point_index", "seed")

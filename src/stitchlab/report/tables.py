@@ -185,8 +185,8 @@ def iri_transfer(results: pd.DataFrame) -> pd.DataFrame | None:
     cols = [c for c in ("iri_front_agreement", "iri_back_agreement") if c in results]
     if len(cols) < 2:
         return None
-    if "iri_back_null_agreement" in results:  # runs before this column have none
-        cols.append("iri_back_null_agreement")
+    # runs made before these columns have none
+    cols += [c for c in ("iri_back_hard_agreement", "iri_back_null_agreement") if c in results]
     d = results[results["protocol"] == "iris"]
     d = d[d[cols[:2]].notna().all(axis=1)]
     if d.empty:
