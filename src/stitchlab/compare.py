@@ -661,16 +661,12 @@ def _transfer(sset, front: nn.Module, back: nn.Module) -> dict[str, float | None
     """Stitch-free: the whole front and back models on the IRIs against their sources
     (:func:`stitchlab.iri_agreement`), and the back's agreement between two different
     real images (its null); None for the standard protocol."""
-    from .evaluation import iri_agreement
+    from .evaluation import iri_transfer_columns
 
     if sset.protocol != "iris":
         return dict.fromkeys(("iri_front_agreement", "iri_back_agreement",
                               "iri_back_hard_agreement", "iri_back_null_agreement"))  # fmt: skip
-    on_back = iri_agreement(back, sset.dataset, sset.real)
-    return {"iri_front_agreement": iri_agreement(front, sset.dataset, sset.real)["agreement"],
-            "iri_back_agreement": on_back["agreement"],
-            "iri_back_hard_agreement": on_back["hard_agreement"],
-            "iri_back_null_agreement": on_back["null_agreement"]}  # fmt: skip
+    return iri_transfer_columns(front, back, sset.dataset, sset.real)
 
 
 def _layouts(front: _Side, back: _Side, f: str, b: str) -> tuple[dict | None, dict | None]:

@@ -106,6 +106,24 @@ def iri_agreement(
     }
 
 
+def iri_transfer_columns(
+    front: nn.Module, back: nn.Module, iris: DataLike, sources: DataLike, *,
+    batch_size: int = 256,
+) -> dict[str, float]:
+    """The result-table columns of :func:`iri_agreement` for a pair: the front on its IRIs,
+    the back on them (agreement, equal top-1) and the back's null. The model is run once
+    when front and back are the same object."""
+    on_back = iri_agreement(back, iris, sources, batch_size=batch_size)
+    on_front = on_back if front is back else iri_agreement(front, iris, sources,
+                                                           batch_size=batch_size)  # fmt: skip
+    return {
+        "iri_front_agreement": on_front["agreement"],
+        "iri_back_agreement": on_back["agreement"],
+        "iri_back_hard_agreement": on_back["hard_agreement"],
+        "iri_back_null_agreement": on_back["null_agreement"],
+    }
+
+
 def robust_scores(
     stitched: nn.Module,
     test_data: DataLike,

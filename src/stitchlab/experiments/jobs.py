@@ -486,22 +486,16 @@ class _Shared:
         share of equal top-1 decisions, and the back's agreement between two different
         source images (its null), once per set;
         empty for the standard protocol."""
-        from ..evaluation import iri_agreement
+        from ..evaluation import iri_transfer_columns
         from ..iris import IRISet
 
         if run.protocol != "iris" or run.iris_path is None:
             return {}
         if run.iris_path not in self._transfer:
-            iris = IRISet(run.iris_path)
-            batch = self.ctx.exp["stitch"]["eval_batch_size"]
-            front = iri_agreement(self.front, iris, self.stitching, batch_size=batch)
-            back = iri_agreement(self.back, iris, self.stitching, batch_size=batch)
-            self._transfer[run.iris_path] = {
-                "iri_front_agreement": front["agreement"],
-                "iri_back_agreement": back["agreement"],
-                "iri_back_hard_agreement": back["hard_agreement"],
-                "iri_back_null_agreement": back["null_agreement"],
-            }
+            self._transfer[run.iris_path] = iri_transfer_columns(
+                self.front, self.back, IRISet(run.iris_path), self.stitching,
+                batch_size=self.ctx.exp["stitch"]["eval_batch_size"],
+            )  # fmt: skip
         return self._transfer[run.iris_path]
 
 
