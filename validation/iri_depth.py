@@ -1,0 +1,69 @@
+"""IRI error at every exact cut of a model: where along the network IRIs stop converging.
+
+For each named model of an experiment config (from its store), generates IRIs with
+stitchlab's default recipe (or ``--preset paper``) for the first ``--n`` stitching images
+at every exact cut (``stitch_points(model, which="all")``, the logits excluded) and prints
+the median / p90 relative error after uint8 quantisation, the null (the relative distance
+to another image's representation), the IRIs' pixel RMS distance to their sources and the
+seconds. A jump in error that comes with a jump in pixel distance marks the first point
+where the representation stops determining the image.
+
+    python validation/iri_depth.py CONFIG --store STORE --models seed1,back [--n 32]
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import time
+from pathlib import Path
+
+import torch
+
+from stitchlab import generate_iris, stitch_points
+from stitchlab.experiments import load_config, with_fingerprints
+from stitchlab.experiments.datasets import stitch_data
+from stitchlab.experiments.jobs import load_model
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("config")
+    ap.add_argument("--store", required=True, type=Path)
+    ap.add_argument("--models", required=True, help="comma-separated model names of the config")
+    ap.add_argument("--n", type=int, default=32, help="stitching images (default 32)")
+    ap.add_argument("--preset", choices=["default", "paper"], default="default")
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    raw = with_fingerprints(load_config(args.config).raw)
+    preset = {} if args.preset == "default" else {"preset": "paper"}
+    commit = subprocess.run(
+        ["git", "-C", str(Path(__file__).parent), "rev-parse", "--short", "HEAD"],
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    print(f"commit {commit}; {args.n} images; recipe {args.preset}")
+    print("| model | point | median / p90 error | null | pixel RMS | seconds |")
+    print("|---|---|---|---|---|---|")
+    for name in args.models.split(","):
+        if name not in raw["models"]:
+            raise SystemExit(f"no model {name!r} in {args.config}; it has {sorted(raw['models'])}")
+        model = load_model(raw, args.store, name)
+        data = stitch_data(raw, raw["models"][name]["marker"])
+        x = torch.stack([data[i][0] for i in range(min(args.n, len(data)))])
+        for point in stitch_points(model, which="all")[:-1]:
+            t0 = time.perf_counter()
+            out = generate_iris(model, point, x, **preset)
+            med, p90 = float(out.rel_error.median()), float(out.rel_error.quantile(0.9))
+            print(
+                f"| {name} | {point} | {med:.3f} / {p90:.3f} | "
+                f"{float(out.null_error.median()):.2f} | {float(out.pixel_rms.median()):.3f} | "
+                f"{time.perf_counter() - t0:.1f} |",
+                flush=True,
+            )
+
+
+if __name__ == "__main__":
+    main()
