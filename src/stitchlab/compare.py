@@ -60,7 +60,7 @@ from torch import Tensor, nn
 from torch.utils.data import Dataset
 
 from .metrics import bootstrap_agreement
-from .vocabulary import OBJECTIVES
+from .vocabulary import IRI_TRANSFER_COLUMNS, OBJECTIVES
 
 __all__ = [
     "CompareSettings",
@@ -664,8 +664,7 @@ def _transfer(sset, front: nn.Module, back: nn.Module) -> dict[str, float | None
     from .evaluation import iri_transfer_columns
 
     if sset.protocol != "iris":
-        return dict.fromkeys(("iri_front_agreement", "iri_back_agreement",
-                              "iri_back_hard_agreement", "iri_back_null_agreement"))  # fmt: skip
+        return dict.fromkeys(IRI_TRANSFER_COLUMNS)
     return iri_transfer_columns(front, back, sset.dataset, sset.real)
 
 
@@ -713,10 +712,7 @@ def _aggregate(s, front, back, data, runs, entries) -> list[dict[str, Any]]:
             "iri_median_error": mean_of("iri_median_error"),
             "iri_null_ratio": mean_of("iri_null_ratio"),
             "iri_flagged": any(bool(e.get("iri_flagged")) for e in real),
-            "iri_front_agreement": mean_of("iri_front_agreement"),
-            "iri_back_agreement": mean_of("iri_back_agreement"),
-            "iri_back_hard_agreement": mean_of("iri_back_hard_agreement"),
-            "iri_back_null_agreement": mean_of("iri_back_null_agreement"),
+            **{key: mean_of(key) for key in IRI_TRANSFER_COLUMNS},
             "null_iri_back_agreement": mean_of("iri_back_agreement", null),
             "null_iri_median_error": mean_of("iri_median_error", null),
             "seconds": round(sum(e["seconds"] for e in real + null), 1),

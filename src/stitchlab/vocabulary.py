@@ -48,6 +48,12 @@ PROTOCOL_LABELS = {"standard": "standard", "iris": "IRIs"}
 MARKER_LABELS = {"pixel+loc": "Pixel+Loc", "pixel": "Pixel", "rand": "Rand", "beep": "Beep",
                  "beep-rand": "Beep (random class)"}
 
+# The stitch-free IRI transfer of an IRI-protocol row (evaluation.iri_transfer_columns).
+IRI_TRANSFER_COLUMNS: tuple[str, ...] = (
+    "iri_front_agreement", "iri_back_agreement", "iri_back_hard_agreement",
+    "iri_back_null_agreement",
+)  # fmt: skip
+
 # One row per stitch run of an experiment (results.csv / results.parquet).
 RESULT_COLUMNS: list[str] = [
     "experiment", "pair", "front", "back", "point", "point_index", "objective", "protocol",
@@ -55,8 +61,7 @@ RESULT_COLUMNS: list[str] = [
     "agreement_normalized", "accuracy",
     "hard_agreement", "error_consistency", "reference_accuracy", "agreement_rolled",
     "excess_agreement", "init_residual", "iri_median_error", "iri_p90_error",
-    "iri_pixel_rms", "iri_null_median", "iri_null_ratio", "iri_flagged", "iri_front_agreement",
-    "iri_back_agreement", "iri_back_hard_agreement", "iri_back_null_agreement",
+    "iri_pixel_rms", "iri_null_median", "iri_null_ratio", "iri_flagged", *IRI_TRANSFER_COLUMNS,
     "adversarial",
     "robust_agreement", "robust_accuracy", "robust_samples", "cache_used", "seconds",
 ]  # fmt: skip

@@ -11,6 +11,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from ..vocabulary import IRI_TRANSFER_COLUMNS
+
 __all__ = [
     "ReportInputError",
     "MissingColumnError",
@@ -39,8 +41,7 @@ RESULTS_REQUIRED: tuple[str, ...] = (
 RESULTS_OPTIONAL_NUMERIC: tuple[str, ...] = (
     "agreement_ci_low", "agreement_ci_high", "iri_median_error", "iri_p90_error",
     "iri_pixel_rms", "iri_null_median", "iri_null_ratio", "agreement_rolled",
-    "excess_agreement", "robust_agreement", "stitch_seed", "iri_front_agreement",
-    "iri_back_agreement", "iri_back_hard_agreement", "iri_back_null_agreement",
+    "excess_agreement", "robust_agreement", "stitch_seed", *IRI_TRANSFER_COLUMNS,
 )  # fmt: skip
 _RESULTS_TEXT = ("experiment", "pair", "front", "back", "point", "objective", "protocol")
 _RESULTS_INT = ("point_index", "seed")
