@@ -8,8 +8,9 @@ stitchlab: only the front prefix runs, the target f(x) is computed once per batc
 
 Limit: the prefix's own forward + backward (to the input) for the same batch and steps.
 
-Time to quality: stitchlab's default recipe (Adam, straight-through final ReLU, tolerance)
-against the paper's recipe on a trained small CNN: seconds and median error, same run.
+Time to quality: stitchlab's default recipe (Adam 0.1 -> 0.01, surrogate ReLU gradient,
+tolerance) and its earlier default (preset "v1") against the paper's recipe on a trained
+small CNN: seconds and median error, same run.
 
     python benchmarks/iris.py [--width 16] [--batch 128] [--steps 20]
 """
@@ -101,9 +102,10 @@ def measure_iris(width: int = 16, batch: int = 128, steps: int = 20, ks=(1, 5, 9
 
 
 def time_to_quality(n: int = 128, seed: int = 0) -> list[dict]:
-    """stitchlab's default recipe against the paper's (200 signed steps of 1/255) on a
-    trained small CNN (generated shapes, 3 epochs): seconds and median relative error per
-    point, and the time ratio, measured in the same run."""
+    """stitchlab's default recipe and its earlier default (preset "v1") against the paper's
+    (200 signed steps of 1/255) on a trained small CNN (generated shapes, 3 epochs):
+    seconds and median relative error per point, and the time ratio, measured in the same
+    run one after the other."""
     from stitchlab.train import train_classifier
 
     torch.manual_seed(seed)
@@ -115,16 +117,18 @@ def time_to_quality(n: int = 128, seed: int = 0) -> list[dict]:
     rows = []
     for point in sl.stitch_points(model):
         generate_iris(model, point, src[:8], steps=1)  # warm-up
-        t0 = time.perf_counter()
-        paper = generate_iris(model, point, src, preset="paper").quality()
-        t_paper = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        ours = generate_iris(model, point, src).quality()
-        t_ours = time.perf_counter() - t0
+        res, sec = {}, {}
+        for preset in ("paper", "v1", "default"):
+            t0 = time.perf_counter()
+            res[preset] = generate_iris(model, point, src, preset=preset).quality()
+            sec[preset] = time.perf_counter() - t0
+        paper, v1, ours = res["paper"], res["v1"], res["default"]
         rows.append({
             "point": point, "paper: median error": f"{paper.median_error:.4f}",
-            "paper: s": f"{t_paper:.1f}", "default: median error": f"{ours.median_error:.4f}",
-            "default: s": f"{t_ours:.1f}", "time default / paper": f"{t_ours / t_paper:.2f}x",
+            "paper: s": f"{sec['paper']:.1f}", "v1: median error": f"{v1.median_error:.4f}",
+            "v1: s": f"{sec['v1']:.1f}", "default: median error": f"{ours.median_error:.4f}",
+            "default: s": f"{sec['default']:.1f}",
+            "time default / paper": f"{sec['default'] / sec['paper']:.2f}x",
             "error default / paper": f"{ours.median_error / paper.median_error:.3f}",
             "null": f"{ours.null_median:.3f}",
         })  # fmt: skip
@@ -146,7 +150,7 @@ def main() -> None:
         f"1/255, {args.threads} threads; throughput in images x steps / s"
     )
     print(markdown_table(measure_iris(args.width, args.batch, args.steps)))
-    print("\nTime to quality: default recipe against the paper's, trained small CNN, 128 IRIs")
+    print("\nTime to quality: default and v1 recipes against the paper's, small CNN, 128 IRIs")
     print(markdown_table(time_to_quality()))
 
 

@@ -107,6 +107,32 @@ def test_tracing_keys_reach_the_jobs_and_keep_store_keys(tmp_path):
     assert t["output"] == (None, None)
 
 
+def test_iris_run_key_names_the_resolved_recipe():
+    """An invariance-aware run's store key follows the IRI recipe it uses, not the [iris]
+    table's text: the default written out is the same run; the earlier default (preset
+    "v1") or another threshold is another run; a standard run ignores [iris]."""
+    from stitchlab.experiments import with_fingerprints
+    from stitchlab.experiments.jobs import StitchRun, stitch_key
+    from stitchlab.iris import IRIRecipe
+
+    def key(iris, protocol="iris"):
+        config = copy.deepcopy(TINY)
+        config["iris"] = iris
+        raw = with_fingerprints(load_config(config).raw)
+        path = "iris/x" if protocol == "iris" else None
+        job = StitchRun("cross-seed", "other", "back", None, "blocks.1", 0, "slm", protocol, 0, 0,
+                        path)  # fmt: skip
+        return stitch_key(raw, job)
+
+    d = IRIRecipe()
+    written = {"step_size": d.step_size, "final_step_size": d.final_step_size,
+               "relu_grad": d.relu_grad, "relu_slope": d.relu_slope}  # fmt: skip
+    assert key({}) == key(written)
+    assert key({}) != key({"preset": "v1"})
+    assert key({}) != key({"threshold": 0.4})
+    assert key({}, "standard") == key({"preset": "v1"}, "standard")
+
+
 def test_builtin_and_repository_configs_are_valid():
     from pathlib import Path
 

@@ -296,7 +296,9 @@ def test_surrogate_relu_gradient_and_fronts():
     xi = torch.rand(2, 3, 32, 32)
     torch.testing.assert_close(front(xi), sl.split(net, "layer2.1")[0](xi))
     # the recipe: validated, and in the key only when used
-    assert "relu_slope" not in IRIRecipe().key_dict()
+    assert "relu_slope" not in IRIRecipe(relu_grad="straight_through").key_dict()
+    assert "relu_slope" not in IRIRecipe.from_kwargs(preset="v1").key_dict()
+    assert IRIRecipe().key_dict()["relu_slope"] == 0.1  # the default since December 2026
     assert IRIRecipe(relu_grad="surrogate", relu_slope=0.2).key_dict()["relu_slope"] == 0.2
     with pytest.raises(ValueError, match="relu_slope"):
         IRIRecipe.from_kwargs(relu_grad="surrogate", relu_slope=1.0)

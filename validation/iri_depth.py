@@ -1,12 +1,14 @@
 """IRI error at every exact cut of a model: where along the network IRIs stop converging.
 
 For each named model of an experiment config (from its store), generates IRIs with
-stitchlab's default recipe (or ``--preset paper``) for the first ``--n`` stitching images
-at every exact cut (``stitch_points(model, which="all")``, the logits excluded) and prints
-the median / p90 relative error after uint8 quantisation, the null (the relative distance
-to another image's representation), the IRIs' pixel RMS distance to their sources and the
-seconds. A jump in error that comes with a jump in pixel distance marks the first point
-where the representation stops determining the image.
+stitchlab's default recipe (or ``--preset paper``, or ``v1``: the default before
+December 2026, with which docs/validation/iri_convergence.md's depth table was made) for
+the first ``--n`` stitching images at every exact cut (``stitch_points(model,
+which="all")``, the logits excluded) and prints the median / p90 relative error after
+uint8 quantisation, the null (the relative distance to another image's representation),
+the IRIs' pixel RMS distance to their sources and the seconds. A jump in error that comes
+with a jump in pixel distance marks the first point where the representation stops
+determining the image.
 
     python validation/iri_depth.py CONFIG --store STORE --models seed1,back [--n 32]
 """
@@ -32,13 +34,13 @@ def main() -> None:
     ap.add_argument("--store", required=True, type=Path)
     ap.add_argument("--models", required=True, help="comma-separated model names of the config")
     ap.add_argument("--n", type=int, default=32, help="stitching images (default 32)")
-    ap.add_argument("--preset", choices=["default", "paper"], default="default")
+    ap.add_argument("--preset", choices=["default", "paper", "v1"], default="default")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     raw = with_fingerprints(load_config(args.config).raw)
-    preset = {} if args.preset == "default" else {"preset": "paper"}
+    preset = {"preset": args.preset}
     commit = subprocess.run(
         ["git", "-C", str(Path(__file__).parent), "rev-parse", "--short", "HEAD"],
         capture_output=True,

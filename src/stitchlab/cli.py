@@ -500,7 +500,7 @@ def _parser() -> argparse.ArgumentParser:
     ir.add_argument("model", help="checkpoint path or registered model name")
     ir.add_argument("point")
     ir.add_argument("--cache", required=True, help="IRI cache folder")
-    ir.add_argument("--preset", default="default", choices=("default", "paper"),
+    ir.add_argument("--preset", default="default", choices=("default", "paper", "v1"),
                     help="stitchlab's recipe (Adam, 200 steps, tolerance 0.01) or the "
                     "paper's (200 signed steps of 1/255)")  # fmt: skip
     ir.add_argument("--steps", type=int, default=None, help="override the preset's steps")

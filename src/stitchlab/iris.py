@@ -74,11 +74,14 @@ class IRIRecipe:
 
     The defaults are stitchlab's recipe, chosen by the convergence study of
     docs/validation/iri_convergence.md: 200 Adam steps whose size decays geometrically
-    from 0.05 to 0.002 (box units), from uniform noise over the box, the gradient passed
-    through a ReLU that ends the front (``relu_grad="straight_through"``), and a sample
-    stops once its relative error is below ``tolerance`` (0.01). :meth:`paper` is
-    PROTOCOL section 3 exactly (200 signed steps of 1/255, no early stop), also reachable
-    as ``preset="paper"`` wherever recipe options are given.
+    from 0.1 to 0.01 (box units), from uniform noise over the box, the gradient passed
+    straight through a ReLU that ends the front and with slope ``relu_slope`` (0.1)
+    through the front's inner ReLUs (``relu_grad="surrogate"``), and a sample stops once
+    its relative error is below ``tolerance`` (0.01). :meth:`paper` is PROTOCOL section 3
+    exactly (200 signed steps of 1/255, no early stop), also reachable as
+    ``preset="paper"`` wherever recipe options are given; ``preset="v1"`` is stitchlab's
+    earlier default (Adam 0.05 -> 0.002, straight-through final ReLU only), with which
+    the pages measured before December 2026 were made.
 
     ``relu_grad="straight_through"`` backpropagates through a ReLU that ends the front
     (a post-activation point) as if it were the identity, as model-metamer work does: a
@@ -101,15 +104,15 @@ class IRIRecipe:
     """
 
     steps: int = 200
-    step_size: float = 0.05
-    final_step_size: float | None = 0.002  # geometric decay to this size (None: constant)
+    step_size: float = 0.1
+    final_step_size: float | None = 0.01  # geometric decay to this size (None: constant)
     optimizer: Literal["sign", "adam", "l2"] = "adam"
     start: Literal["noise", "image", "blur", "scaled_noise"] = "noise"  # image: another source
     tolerance: float | None = 0.01  # a sample stops once its relative error is below
     box: tuple[float, float] = (0.0, 1.0)
     batch_size: int = 128
     amp: Literal["auto", "off", "bf16"] = "auto"  # bf16 autocast on CUDA when "auto"
-    relu_grad: Literal["exact", "straight_through", "surrogate"] = "straight_through"
+    relu_grad: Literal["exact", "straight_through", "surrogate"] = "surrogate"
     relu_slope: float = 0.1  # backward slope of the inner ReLUs under relu_grad="surrogate"
     start_scale: float = 0.003  # standard deviation of the "scaled_noise" start
     precision: Literal["uint8", "int16", "float32"] = "uint8"  # storage of the IRIs
@@ -218,6 +221,9 @@ PRESETS: dict[str, dict] = {
         "steps": 200, "step_size": 1 / 255, "final_step_size": None, "optimizer": "sign",
         "start": "noise", "tolerance": None, "relu_grad": "exact",
     },
+    # stitchlab's default before December 2026 (docs/validation/iri_convergence.md): kept so
+    # that the sets and pages made with it are reproduced exactly
+    "v1": {"step_size": 0.05, "final_step_size": 0.002, "relu_grad": "straight_through"},
     # waveforms in [-1, 1]: a quiet Gaussian start (uniform noise over the box never
     # converges), 300 Adam steps of 0.003 decaying to 0.0001 (the image steps leave a log-mel
     # front 0.5-0.7 off; provisional, from a small study), int16 storage (uint8 levels are
@@ -225,6 +231,7 @@ PRESETS: dict[str, dict] = {
     "audio": {
         "steps": 300, "step_size": 0.003, "final_step_size": 0.0001, "start": "scaled_noise",
         "start_scale": 0.003, "box": (-1.0, 1.0), "precision": "int16",
+        "relu_grad": "straight_through",  # as measured (docs/validation/audio.md)
     },
 }  # fmt: skip
 
@@ -655,7 +662,7 @@ def generate_iris(
         images: a tensor ``(N, C, H, W)`` (or of another rank with a batch axis first,
             e.g. waveforms ``(N, C, T)``) in the box, or data as for :func:`stitch`.
         steps: number of optimisation steps (default: the recipe's, 200).
-        step_size: (initial) step size in box units (default 0.05 for Adam; the paper's
+        step_size: (initial) step size in box units (default 0.1 for Adam; the paper's
             signed steps use 1/255 at 32x32: ``preset="paper"``).
         seed: seed of the noise start; the result is deterministic for a seed.
         device: where to run (default: the model's device).

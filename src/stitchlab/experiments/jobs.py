@@ -327,6 +327,17 @@ def iris_job(job: IRIJob) -> dict[str, Any]:
     }  # fmt: skip
 
 
+def _iris_key(exp_raw: dict[str, Any]) -> dict[str, Any]:
+    """What an invariance-aware run's IRIs are: the resolved recipe (not the [iris] table's
+    text, so that a change of stitchlab's default recipe is a new key, never a stale
+    result) and the quality limits."""
+    from ..iris import IRIRecipe
+
+    opts, threshold, min_ratio = _iris_options(exp_raw)
+    recipe = IRIRecipe.from_kwargs(**opts).key_dict()
+    return {"recipe": recipe, "threshold": threshold, "min_null_ratio": min_ratio}
+
+
 def stitch_key(exp_raw: dict[str, Any], job: StitchRun) -> str:
     """Store key of one stitch run."""
     parts = {
@@ -345,7 +356,7 @@ def stitch_key(exp_raw: dict[str, Any], job: StitchRun) -> str:
             if k not in ("points", "objectives", "protocols", "seeds", "cka", "eval_batch_size")
         },
         "data": content_key(exp_raw, exp_raw["data"]),
-        "iris": exp_raw["iris"] if job.protocol == "iris" else None,
+        "iris": _iris_key(exp_raw) if job.protocol == "iris" else None,
     }
     tracing_ = {k: exp_raw["models"][getattr(job, k)].get("tracing", {}) for k in ("front", "back")}
     if any(t.get("output") is not None or t.get("layouts") for t in tracing_.values()):
