@@ -569,8 +569,10 @@ def _optimise(
         m, v = torch.zeros_like(x_adv), torch.zeros_like(x_adv)
     numel = x[0].numel()
     early = recipe.tolerance is not None
+    all_active = True
     for t in range(recipe.steps):
-        idx = active.nonzero().squeeze(1) if early else None
+        # gather and scatter only once some samples have stopped
+        idx = active.nonzero().squeeze(1) if early and not all_active else None
         xa = (x_adv if idx is None else x_adv[idx]).detach().requires_grad_(True)
         ta = target if idx is None else target[idx]
         tn = target_norm if idx is None else target_norm[idx]
@@ -587,28 +589,27 @@ def _optimise(
                 norm = grad.flatten(1).norm(dim=1).clamp_min(1e-12)
                 scale = (alpha * math.sqrt(numel)) / norm
                 new.sub_(grad * scale.view(-1, *[1] * (grad.dim() - 1)))
-            else:
+            else:  # Adam, in place on the moments (gathered copies once samples stopped)
                 mi = m if idx is None else m[idx]
                 vi = v if idx is None else v[idx]
-                mi = 0.9 * mi + 0.1 * grad
-                vi = 0.999 * vi + 0.001 * grad * grad
-                new.sub_(
-                    alpha
-                    * (mi / (1 - 0.9 ** (t + 1)))
-                    / ((vi / (1 - 0.999 ** (t + 1))).sqrt() + 1e-8)
-                )
-                if idx is None:
-                    m, v = mi, vi
-                else:
+                mi.mul_(0.9).add_(grad, alpha=0.1)
+                vi.mul_(0.999).addcmul_(grad, grad, value=0.001)
+                denom = (vi / (1 - 0.999 ** (t + 1))).sqrt_().add_(1e-8)
+                new.addcdiv_(mi, denom, value=-alpha / (1 - 0.9 ** (t + 1)))
+                if idx is not None:
                     m[idx], v[idx] = mi, vi
             new.clamp_(lo, hi)
             if idx is None:
                 x_adv = new
             else:
                 x_adv[idx] = new
-                active[idx[err < recipe.tolerance]] = False
-                if not bool(active.any()):
-                    break
+            if early:
+                done = err < recipe.tolerance
+                if bool(done.any()):
+                    active[done.nonzero().squeeze(1) if idx is None else idx[done]] = False
+                    all_active = False
+                    if not bool(active.any()):
+                        break
     return x_adv.detach(), target
 
 
