@@ -9,6 +9,11 @@ might get there in the same budget of 200 network evaluations, on 32 stitching i
   and the squared relative error (a smooth least-squares objective);
 * Adam on a Fourier parameterisation of the image (spectrum scaled by 1/f^d, orthonormal
   FFT), the preconditioning used in feature visualisation;
+* Levenberg-Marquardt: Gauss-Newton steps solved by conjugate gradients (Jacobian-vector
+  products by forward-mode AD, the transpose by a VJP), per-sample damping, on the
+  pre-activation of the final ReLU with the rows of units off in both source and IRI
+  dropped (a ReLU network in eval mode is piecewise linear in its input, so within one
+  activation pattern a Gauss-Newton step is exact);
 * and whether uint8 quantisation is the floor (the error before and after it).
 
     python validation/iri_alternatives.py CONFIG --store STORE [--front seed1] [--point layer2.1]
@@ -29,6 +34,7 @@ from stitchlab.experiments.jobs import load_model
 from stitchlab.iris import (
     IRIRecipe,
     _frozen_front,
+    _is_relu,
     _per_sample_error,
     _run_batch,
     dequantise,
@@ -100,6 +106,64 @@ def fourier(front, x, decay: float, lr0: float = 0.05, lr1: float = 0.002,
     return _median(front, image(), target)
 
 
+def _bc(s: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    return s.view(-1, *[1] * (like.dim() - 1))
+
+
+def levenberg_marquardt(model, point, x, outer: int = 10, cg: int = 10, lam0: float = 1e-2,
+                        seed: int = 0) -> tuple[float, float]:  # fmt: skip
+    """``outer`` damped Gauss-Newton steps, each solved by ``cg`` conjugate-gradient
+    iterations (one JVP and one VJP each): about 2 x outer x cg network passes."""
+    exact = _frozen_front(model, point, (), None, "exact")
+    pre = _frozen_front(model, point, (), None, "exact")
+    out = next(n for n in pre.graph.nodes if n.op == "output").args[0]
+    if not _is_relu(out, pre):
+        raise SystemExit(f"{point} does not end in a ReLU")
+    out.replace_all_uses_with(out.args[0])
+    pre.graph.erase_node(out)
+    pre.recompile()
+    with torch.no_grad():
+        t = exact(x)
+    tn = t.flatten(1).norm(dim=1)
+    xa = torch.rand(x.shape, generator=torch.Generator().manual_seed(seed))
+    lam = torch.full((x.shape[0],), lam0)
+    with torch.no_grad():
+        z = pre(xa)
+    err = (z.clamp_min(0) - t).flatten(1).norm(dim=1) / tn
+
+    def dot(a, b):
+        return (a * b).flatten(1).sum(1)
+
+    for _ in range(outer):
+        rows = ~((t == 0) & (z <= 0))  # both off: the constraint is met, drop the row
+        scale = 1 / _bc(tn, z)
+        r = torch.where(rows, z - t, torch.zeros_like(z)) * scale
+        _, vjp = torch.func.vjp(pre, xa)
+
+        def normal(v, rows=rows, scale=scale, vjp=vjp, xa=xa, lam=lam):
+            _, jv = torch.func.jvp(pre, (xa,), (v,))
+            jtj = vjp(torch.where(rows, jv, torch.zeros_like(jv)) * scale * scale)[0]
+            return jtj + _bc(lam, v) * v
+
+        b = -vjp(r * scale)[0]
+        d, res = torch.zeros_like(xa), b.clone()
+        p, rr = res.clone(), dot(res, res)
+        for _ in range(cg):
+            ap = normal(p)
+            a = rr / dot(p, ap).clamp_min(1e-30)
+            d, res = d + _bc(a, p) * p, res - _bc(a, p) * ap
+            rr_new = dot(res, res)
+            p, rr = res + _bc(rr_new / rr.clamp_min(1e-30), p) * p, rr_new
+        xn = (xa + d).clamp(0, 1)
+        with torch.no_grad():
+            zn = pre(xn)
+        en = (zn.clamp_min(0) - t).flatten(1).norm(dim=1) / tn
+        ok = en < err  # accept and relax the damping, or reject and damp harder
+        xa, z = torch.where(_bc(ok, xa), xn, xa), torch.where(_bc(ok, z), zn, z)
+        err, lam = torch.where(ok, en, err), torch.where(ok, lam / 3, lam * 4)
+    return _median(exact, xa, t)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("config")
@@ -111,9 +175,11 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     raw = with_fingerprints(load_config(args.config).raw)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+    commit = subprocess.run(["git", "-C", str(Path(__file__).parent), "rev-parse", "--short",
+                             "HEAD"], capture_output=True,
                             text=True).stdout.strip()  # fmt: skip
-    print(f"commit {commit}; {args.front} at {args.point}, {args.n} images, 200 evaluations")
+    print(f"commit {commit}; {args.front} at {args.point}, {args.n} images, 200 evaluations "
+          "(Levenberg-Marquardt: about 2 per CG iteration)")
     model = load_model(raw, Path(args.store), args.front)
     data = stitch_data(raw, raw["models"][args.front]["marker"])
     x = torch.stack([data[i][0] for i in range(args.n)])
@@ -122,13 +188,23 @@ def main() -> None:
     for step in (0.05, 0.1, 0.02):
         t0 = time.perf_counter()
         med, before, p90 = adam(front, x, step)
-        name = "stitchlab's default" if step == 0.05 else f"Adam {step} -> 0.002"
+        name = "v1 (stitchlab's earlier default)" if step == 0.05 else f"Adam {step} -> 0.002"
         print(f"| {name} (before uint8: {before:.4f}) | {med:.4f} ({p90:.4f}) | "
               f"{time.perf_counter() - t0:.1f} |", flush=True)  # fmt: skip
+    t0 = time.perf_counter()
+    surrogate = _frozen_front(model, args.point, (), None, "surrogate", 0.1)
+    _, err_q, *_ = _run_batch(surrogate, x, IRIRecipe(), 0, 0)
+    print(f"| today's default (Adam 0.1 -> 0.01, surrogate 0.1) | {float(err_q.median()):.4f} "
+          f"({float(err_q.quantile(0.9)):.4f}) | {time.perf_counter() - t0:.1f} |", flush=True)
     t0 = time.perf_counter()
     med, p90 = lbfgs(model, args.point, x)
     print(f"| L-BFGS, sigmoid pixels, squared error | {med:.4f} ({p90:.4f}) | "
           f"{time.perf_counter() - t0:.1f} |", flush=True)  # fmt: skip
+    for outer, cg in ((10, 10), (20, 5), (5, 20)):
+        t0 = time.perf_counter()
+        med, p90 = levenberg_marquardt(model, args.point, x, outer, cg)
+        print(f"| Levenberg-Marquardt, {outer} steps x {cg} CG iterations | {med:.4f} "
+              f"({p90:.4f}) | {time.perf_counter() - t0:.1f} |", flush=True)  # fmt: skip
     for decay in (1.0, 0.5):
         t0 = time.perf_counter()
         med, p90 = fourier(front, x, decay)
