@@ -114,14 +114,17 @@ def levenberg_marquardt(model, point, x, outer: int = 10, cg: int = 10, lam0: fl
                         seed: int = 0) -> tuple[float, float]:  # fmt: skip
     """``outer`` damped Gauss-Newton steps, each solved by ``cg`` conjugate-gradient
     iterations (one JVP and one VJP each): about 2 x outer x cg network passes."""
-    exact = _frozen_front(model, point, (), None, "exact")
-    pre = _frozen_front(model, point, (), None, "exact")
+    pre = _frozen_front(model, point, (), None, "exact")  # then cut before its final ReLU
     out = next(n for n in pre.graph.nodes if n.op == "output").args[0]
     if not _is_relu(out, pre):
         raise SystemExit(f"{point} does not end in a ReLU")
     out.replace_all_uses_with(out.args[0])
     pre.graph.erase_node(out)
     pre.recompile()
+
+    def exact(v):  # the front's output: its final ReLU on the pre-activation
+        return pre(v).clamp_min(0)
+
     with torch.no_grad():
         t = exact(x)
     tn = t.flatten(1).norm(dim=1)
@@ -129,7 +132,7 @@ def levenberg_marquardt(model, point, x, outer: int = 10, cg: int = 10, lam0: fl
     lam = torch.full((x.shape[0],), lam0)
     with torch.no_grad():
         z = pre(xa)
-    err = (z.clamp_min(0) - t).flatten(1).norm(dim=1) / tn
+    err = _per_sample_error(z.clamp_min(0), t)
 
     def dot(a, b):
         return (a * b).flatten(1).sum(1)
@@ -157,7 +160,7 @@ def levenberg_marquardt(model, point, x, outer: int = 10, cg: int = 10, lam0: fl
         xn = (xa + d).clamp(0, 1)
         with torch.no_grad():
             zn = pre(xn)
-        en = (zn.clamp_min(0) - t).flatten(1).norm(dim=1) / tn
+        en = _per_sample_error(zn.clamp_min(0), t)
         ok = en < err  # accept and relax the damping, or reject and damp harder
         xa, z = torch.where(_bc(ok, xa), xn, xa), torch.where(_bc(ok, z), zn, z)
         err, lam = torch.where(ok, en, err), torch.where(ok, lam / 3, lam * 4)

@@ -501,8 +501,9 @@ def _parser() -> argparse.ArgumentParser:
     ir.add_argument("point")
     ir.add_argument("--cache", required=True, help="IRI cache folder")
     ir.add_argument("--preset", default="default", choices=("default", "paper", "v1"),
-                    help="stitchlab's recipe (Adam, 200 steps, tolerance 0.01) or the "
-                    "paper's (200 signed steps of 1/255)")  # fmt: skip
+                    help="stitchlab's recipe (Adam, 200 steps, tolerance 0.01), the "
+                    "paper's (200 signed steps of 1/255) or stitchlab's earlier default "
+                    "(v1)")  # fmt: skip
     ir.add_argument("--steps", type=int, default=None, help="override the preset's steps")
     ir.add_argument("--step-size", type=float, default=None)
     ir.add_argument("--final-step-size", type=float, default=None)

@@ -606,7 +606,7 @@ def _optimise(
             if early:
                 done = err < recipe.tolerance
                 if bool(done.any()):
-                    active[done.nonzero().squeeze(1) if idx is None else idx[done]] = False
+                    active[done if idx is None else idx[done]] = False
                     all_active = False
                     if not bool(active.any()):
                         break
