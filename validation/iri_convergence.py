@@ -245,7 +245,7 @@ def main() -> None:
         return
     torch.set_num_threads(args.threads)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True).stdout.strip()  # fmt: skip
+                            text=True, cwd=Path(__file__).parent).stdout.strip()  # fmt: skip
     print(f"commit {commit}; {args.config}; n={args.n}; steps {args.steps}", flush=True)
     t0 = time.perf_counter()
     rows = study(args.config, Path(args.store), args.n, [int(s) for s in args.steps.split(",")],
