@@ -2,15 +2,16 @@
 
 import importlib.util
 import math
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 from torch import nn
 
-_spec = importlib.util.spec_from_file_location(
-    "iri_gain", Path(__file__).parents[1] / "validation" / "iri_gain.py"
-)
+_validation = Path(__file__).parents[1] / "validation"
+sys.path.insert(0, str(_validation))  # the scripts import their shared helpers (_common)
+_spec = importlib.util.spec_from_file_location("iri_gain", _validation / "iri_gain.py")
 iri_gain = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(iri_gain)
 

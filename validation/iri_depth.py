@@ -16,16 +16,14 @@ determining the image.
 from __future__ import annotations
 
 import argparse
-import subprocess
 import time
 from pathlib import Path
 
 import torch
+from _common import model_and_images, script_commit
 
 from stitchlab import generate_iris, stitch_points
 from stitchlab.experiments import load_config, with_fingerprints
-from stitchlab.experiments.datasets import stitch_data
-from stitchlab.experiments.jobs import load_model
 
 
 def main() -> None:
@@ -41,20 +39,11 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     raw = with_fingerprints(load_config(args.config).raw)
     preset = {"preset": args.preset}
-    commit = subprocess.run(
-        ["git", "-C", str(Path(__file__).parent), "rev-parse", "--short", "HEAD"],
-        capture_output=True,
-        text=True,
-    ).stdout.strip()
-    print(f"commit {commit}; {args.n} images; recipe {args.preset}")
+    print(f"commit {script_commit()}; {args.n} images; recipe {args.preset}")
     print("| model | point | median / p90 error | null | pixel RMS | seconds |")
     print("|---|---|---|---|---|---|")
     for name in args.models.split(","):
-        if name not in raw["models"]:
-            raise SystemExit(f"no model {name!r} in {args.config}; it has {sorted(raw['models'])}")
-        model = load_model(raw, args.store, name)
-        data = stitch_data(raw, raw["models"][name]["marker"])
-        x = torch.stack([data[i][0] for i in range(min(args.n, len(data)))])
+        model, x = model_and_images(raw, args.store, name, args.n, args.config)
         for point in stitch_points(model, which="all")[:-1]:
             t0 = time.perf_counter()
             out = generate_iris(model, point, x, **preset)

@@ -15,15 +15,13 @@ stitching images (with the model's marker, as its IRIs are made).
 from __future__ import annotations
 
 import argparse
-import subprocess
 from pathlib import Path
 
 import torch
+from _common import model_and_images, script_commit
 
 from stitchlab import split
 from stitchlab.experiments import load_config, with_fingerprints
-from stitchlab.experiments.datasets import stitch_data
-from stitchlab.experiments.jobs import load_model
 
 
 def relative_change(front: torch.nn.Module, x: torch.Tensor, eps: float, seed: int = 0) -> float:
@@ -47,17 +45,12 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     raw = with_fingerprints(load_config(args.config).raw)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True, cwd=Path(__file__).parent).stdout.strip()  # fmt: skip
-    print(f"commit {commit}; {args.n} images")
+    print(f"commit {script_commit()}; {args.n} images")
     print("| model | point | change under 1/255 noise | under 4/255 | active units |")
     print("|---|---|---|---|---|")
     for name in args.models.split(","):
-        if name not in raw["models"]:
-            raise SystemExit(f"no model {name!r} in {args.config}; it has {sorted(raw['models'])}")
-        model = load_model(raw, args.store, name).eval()
-        data = stitch_data(raw, raw["models"][name]["marker"])
-        x = torch.stack([data[i][0] for i in range(min(args.n, len(data)))])
+        model, x = model_and_images(raw, args.store, name, args.n, args.config)
+        model.eval()
         for point in args.points.split(","):
             front, _ = split(model, point)
             with torch.no_grad():
