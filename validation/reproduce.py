@@ -33,6 +33,7 @@ CONFIGS = {
     "a_cross_supervision": "a_cross_supervision",
     "b": "b_robust",
     "b_adversarial": "b_robust_adversarial",
+    "b_converged": "b_robust_converged",
     "c": "c_unseen",
     "c_seed": "c_unseen_seed",
     "c_seed_10k": "c_unseen_seed_10k",
@@ -41,7 +42,13 @@ CONFIGS = {
     "coloured_mnist": "coloured_mnist",
 }
 #: the experiment of PROTOCOL section 6 that each page reproduces (its findings)
-FAMILY = {"a_cross_supervision": "a", "b_adversarial": "b", "c_seed": "c", "c_seed_10k": "c"}
+FAMILY = {
+    "a_cross_supervision": "a",
+    "b_adversarial": "b",
+    "b_converged": "b",
+    "c_seed": "c",
+    "c_seed_10k": "c",
+}
 BEGIN, END = "<!-- generated:begin -->", "<!-- generated:end -->"
 IRI_OBJECTIVES = ("slm", "dm", "fula")
 
