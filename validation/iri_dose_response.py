@@ -45,7 +45,10 @@ LEVELS = {  # from rough to converged; "default" names stitchlab's default befor
     "surrogate 0.1 (200 steps)": {"preset": "v1", "relu_grad": "surrogate", "relu_slope": 0.1},
     "default, 400 steps": {"preset": "v1", "steps": 400},
     "adam 0.1->0.01 + surrogate 0.1 (today's default)": {},
+    "today's default, 400 steps": {"steps": 400},
+    "today's default, 800 steps": {"steps": 800},
 }  # fmt: skip
+TODAY = "adam 0.1->0.01 + surrogate 0.1 (today's default)"
 
 
 def _cell(raw, store, pair, point, objectives, grid, lr):
@@ -116,7 +119,14 @@ def main() -> None:
         default=";".join(LEVELS),
         help="';'-separated IRI recipes of LEVELS (default: all)",
     )
-    p.add_argument("--n-iris", default="", help="more IRIs with the default recipe, e.g. 4000")
+    p.add_argument("--n-iris", default="", help="more IRIs with --count-level, e.g. 4000")
+    p.add_argument(
+        "--count-level",
+        default="default (200 steps)",
+        help="the recipe of LEVELS for --n-iris, --n-subsets and --epochs (default: the "
+        "earlier default, preset v1, as the page's first counts were measured; "
+        f"today's: {TODAY!r})",
+    )
     p.add_argument(
         "--n-subsets",
         default="",
@@ -141,7 +151,7 @@ def main() -> None:
         if args.figure:
             _figure(rows, Path(args.figure), args.n0, args.e0)
         if args.count_figure:
-            _count_figure(rows, Path(args.count_figure), args.e0)
+            _count_figure(rows, Path(args.count_figure), args.e0, args.count_level)
         return
     torch.set_num_threads(args.threads)
     raw = with_fingerprints(load_config(args.config).raw)
@@ -152,13 +162,14 @@ def main() -> None:
     print(f"commit {commit}; {args.config}", flush=True)
     n0, e0 = raw["stitch"]["n_stitch"], raw["stitch"]["training"].get("epochs", 30)
     levels = args.levels.split(";")
-    unknown = sorted(set(levels) - set(LEVELS))
+    unknown = sorted(set(levels + [args.count_level]) - set(LEVELS))
     if unknown:
         raise SystemExit(f"unknown levels {unknown}; choose from {list(LEVELS)}")
     grid = [(r, n0, e0) for r in levels]
-    grid += [("default (200 steps)", int(n), e0) for n in args.n_iris.split(",") if n]
-    grid += [("default (200 steps)", int(n), e0) for n in args.n_subsets.split(",") if n]
-    grid += [("default (200 steps)", n0, int(e)) for e in args.epochs.split(",") if e]
+    count = args.count_level
+    grid += [(count, int(n), e0) for n in args.n_iris.split(",") if n]
+    grid += [(count, int(n), e0) for n in args.n_subsets.split(",") if n]
+    grid += [(count, n0, int(e)) for e in args.epochs.split(",") if e]
     rows = []
     t_start = time.perf_counter()
     out = Path(args.out)
@@ -181,7 +192,7 @@ def main() -> None:
     if args.figure:
         _figure(rows, Path(args.figure), n0, e0)
     if args.count_figure:
-        _count_figure(rows, Path(args.count_figure), e0)
+        _count_figure(rows, Path(args.count_figure), e0, count)
     print(f"done in {time.perf_counter() - t_start:.0f} s", flush=True)
 
 
@@ -224,8 +235,8 @@ def _figure(rows, path: Path, n0: int, e0: int) -> None:
     fig.savefig(path, dpi=110)
 
 
-def _count_figure(rows, path: Path, e0: int) -> None:
-    """Agreement under IRIs against the number of IRIs (default recipe), one panel per
+def _count_figure(rows, path: Path, e0: int, recipe: str = "default (200 steps)") -> None:
+    """Agreement under IRIs against the number of IRIs (of ``recipe``), one panel per
     (pair, point), with the back model's own agreement on the IRIs (no stitch) dashed."""
     import matplotlib
 
@@ -233,7 +244,7 @@ def _count_figure(rows, path: Path, e0: int) -> None:
     import matplotlib.pyplot as plt
     import matplotlib.ticker
 
-    rows = [r for r in rows if r["recipe"] == "default (200 steps)" and r["epochs"] == e0]
+    rows = [r for r in rows if r["recipe"] == recipe and r["epochs"] == e0]
     cells = list(dict.fromkeys((r["pair"], r["point"]) for r in rows))
     fig, axes = plt.subplots(1, len(cells), figsize=(3.6 * len(cells), 3.0), squeeze=False)
     for ax, (pair, point) in zip(axes[0], cells):

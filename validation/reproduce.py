@@ -31,6 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = {
     "a": "a_cifar10_resnet18",
     "a_cross_supervision": "a_cross_supervision",
+    "a_default": "a_default_iris",
     "b": "b_robust",
     "b_adversarial": "b_robust_adversarial",
     "b_converged": "b_robust_converged",
@@ -44,6 +45,7 @@ CONFIGS = {
 #: the experiment of PROTOCOL section 6 that each page reproduces (its findings)
 FAMILY = {
     "a_cross_supervision": "a",
+    "a_default": "a",
     "b_adversarial": "b",
     "b_converged": "b",
     "c_seed": "c",
