@@ -34,6 +34,7 @@ from stitchlab.experiments.datasets import marked, stitch_data, test_data
 from stitchlab.experiments.jobs import iris_data_key, load_model, reference_logits, tracing
 from stitchlab.iris import generate_iris_set
 
+TODAY = "adam 0.1->0.01 + surrogate 0.1 (today's default)"  # stitchlab's default recipe
 LEVELS = {  # from rough to converged; "default" names stitchlab's default before December
     # 2026 (preset "v1"), as the page measured it and as the converged config still pins it
     "sign 40 steps 8/255->0.5/255": {"preset": "paper", "steps": 40, "step_size": 8 / 255,
@@ -44,11 +45,10 @@ LEVELS = {  # from rough to converged; "default" names stitchlab's default befor
     "default (200 steps)": {"preset": "v1"},
     "surrogate 0.1 (200 steps)": {"preset": "v1", "relu_grad": "surrogate", "relu_slope": 0.1},
     "default, 400 steps": {"preset": "v1", "steps": 400},
-    "adam 0.1->0.01 + surrogate 0.1 (today's default)": {},
+    TODAY: {},
     "today's default, 400 steps": {"steps": 400},
     "today's default, 800 steps": {"steps": 800},
 }  # fmt: skip
-TODAY = "adam 0.1->0.01 + surrogate 0.1 (today's default)"
 
 
 def _cell(raw, store, pair, point, objectives, grid, lr):

@@ -25,7 +25,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from stitchlab.report import markdown_table
+from stitchlab.report import iri_quality, markdown_table
+from stitchlab.report.tables import iri_transfer
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = {
@@ -238,28 +239,6 @@ def findings(exp: str, t: pd.DataFrame) -> list[tuple[str, str, str]]:
 # The page
 
 
-def _iri_table(t: pd.DataFrame) -> pd.DataFrame:
-    """One row per (pair, point) of the IRI protocol: the IRI set's quality, 3 decimals."""
-    cols = {
-        "iri_median_error": "median",
-        "iri_p90_error": "p90",
-        "iri_null_median": "null",
-        "iri_null_ratio": "x closer",
-        "iri_pixel_rms": "pixel RMS",
-        "iri_front_agreement": "front on IRIs",
-        "iri_back_agreement": "back on IRIs",
-        "iri_back_null_agreement": "back null",
-    }
-    q = t[t.protocol == "iris"].groupby(["pair", "front", "back", "point"], sort=False)
-    q = q[[c for c in cols if c in t]].first().reset_index().rename(columns=cols)
-    for c in ("median", "p90", "null", "pixel RMS"):
-        if c in q:
-            q[c] = q[c].map(lambda v: f"{v:.3f}")
-    if "x closer" in q:
-        q["x closer"] = q["x closer"].map(lambda v: f"{v:.0f}x")
-    return q
-
-
 def _md(df: pd.DataFrame) -> str:
     return markdown_table(df, float_format=".1f")
 
@@ -364,14 +343,20 @@ def write_page(
         wide.columns = [f"{i} ({names[i]})" for i in wide.columns]
         wide = wide.map(lambda v: f"{v:.3f}").reset_index()
         parts.append("### Linear CKA (unbiased HSIC), by point\n\n" + _md(wide))
-    if t["iri_median_error"].notna().any():
+    quality, transfer = iri_quality(t), iri_transfer(t)  # as in the run's report.html
+    if quality is not None:
         parts.append(
             "### IRI quality (relative error of the front's activation)\n\n"
-            "median / p90 error, the null (the median relative distance between the "
-            "representations of two different real images) and how many times closer the "
-            "IRIs are; pixel RMS distance to the sources; how often the front and the back "
-            "decide on the IRIs as on their sources (%, no stitch; the back's null: on "
-            "unrelated images)\n\n" + _md(_iri_table(t))
+            "Mean over the IRI-protocol runs of each set; the null is the median relative "
+            "distance between the representations of two different real images at the "
+            "point.\n\n"
+            + markdown_table(quality.drop(columns="point_index"), float_format=".3f")
+        )
+    if transfer is not None:
+        parts.append(
+            "### Shared invariance without a stitch\n\n"
+            "How often each whole model decides on the front's IRIs as on their sources "
+            "(%; the back's null: on unrelated images).\n\n" + _md(transfer)
         )
     parts.append("### Figures\n\n" + "\n\n".join(f"![{n}](figures/{n})" for n in copied))
     generated = "\n\n".join(parts)
