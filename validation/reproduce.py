@@ -32,6 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = {
     "a": "a_cifar10_resnet18",
     "a_cross_supervision": "a_cross_supervision",
+    "a_cross_supervision_converged": "a_cross_supervision_converged",
     "a_default": "a_default_iris",
     "b": "b_robust",
     "b_adversarial": "b_robust_adversarial",
@@ -46,6 +47,7 @@ CONFIGS = {
 #: the experiment of PROTOCOL section 6 that each page reproduces (its findings)
 FAMILY = {
     "a_cross_supervision": "a",
+    "a_cross_supervision_converged": "a",
     "a_default": "a",
     "b_adversarial": "b",
     "b_converged": "b",
