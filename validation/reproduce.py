@@ -25,8 +25,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from stitchlab.report import iri_quality, markdown_table
-from stitchlab.report.tables import iri_transfer
+from stitchlab.report import iri_quality, iri_transfer, markdown_table
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = {
@@ -351,8 +350,7 @@ def write_page(
             "### IRI quality (relative error of the front's activation)\n\n"
             "Mean over the IRI-protocol runs of each set; the null is the median relative "
             "distance between the representations of two different real images at the "
-            "point.\n\n"
-            + markdown_table(quality.drop(columns="point_index"), float_format=".3f")
+            "point.\n\n" + markdown_table(quality.drop(columns="point_index"), float_format=".3f")
         )
     if transfer is not None:
         parts.append(

@@ -34,7 +34,14 @@ from .inputs import (
     load_run,
 )
 from .markdown import markdown_table
-from .tables import curve_stats, front_reference, infer_num_classes, iri_quality, layer_averages
+from .tables import (
+    curve_stats,
+    front_reference,
+    infer_num_classes,
+    iri_quality,
+    iri_transfer,
+    layer_averages,
+)
 
 __all__ = [
     "make_report",
@@ -54,6 +61,7 @@ __all__ = [
     "layer_average_matrix",
     "curve_stats",
     "iri_quality",
+    "iri_transfer",
     "front_reference",
     "infer_num_classes",
     "plot_agreement_curves",
