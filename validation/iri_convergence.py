@@ -51,6 +51,11 @@ RECIPES = {
     # stitchlab's default since December 2026
     "adam 0.1->0.01 + surrogate 0.1": {},
     "adam 0.1->0.01 + surrogate 0.2": {"relu_slope": 0.2},
+    # quieter starts: Gaussian noise around mid-grey instead of uniform over the box
+    "quiet start 0.1 + adam 0.05->0.01": {"start": "scaled_noise", "start_scale": 0.1,
+                                         "step_size": 0.05},
+    "quiet start 0.1 + adam 0.03->0.01": {"start": "scaled_noise", "start_scale": 0.1,
+                                         "step_size": 0.03},
 }  # fmt: skip
 
 
@@ -113,10 +118,12 @@ def study(
                         "p90_error": q.p90_error, "null_median": q.null_median,
                         "null_ratio": q.null_ratio, "seconds": seconds,
                         "dead_in_iri": _dead_in_iri(front, x, res.iris) if relu else None,
+                        "pixel_rms": q.median_pixel_rms,
                     })  # fmt: skip
                     print(f"{front_name:10s} {point:10s} {recipe:34s} {k:4d} steps: median "
                           f"{q.median_error:.4f} p90 {q.p90_error:.4f} ({q.null_ratio:.0f}x) "
-                          f"{seconds:.1f}s", flush=True)  # fmt: skip
+                          f"pixel RMS {q.median_pixel_rms:.3f} {seconds:.1f}s",
+                          flush=True)  # fmt: skip
     return rows
 
 
@@ -181,7 +188,7 @@ def read_csv(path: Path) -> list[dict]:
     with path.open() as f:
         for r in csv.DictReader(f):
             for k in ("median_error", "p90_error", "null_median", "null_ratio", "seconds",
-                      "dead_in_iri"):  # fmt: skip
+                      "dead_in_iri", "pixel_rms"):  # fmt: skip
                 r[k] = float(r[k]) if r.get(k) not in (None, "") else None
             r["steps"] = int(r["steps"])
             rows.append(r)

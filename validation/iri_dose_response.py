@@ -48,6 +48,9 @@ LEVELS = {  # from rough to converged; "default" names stitchlab's default befor
     TODAY: {},
     "today's default, 400 steps": {"steps": 400},
     "today's default, 800 steps": {"steps": 800},
+    # a quieter start: Gaussian noise (sd 0.1) around mid-grey, smaller first steps
+    "quiet start 0.1 + adam 0.03->0.01": {"start": "scaled_noise", "start_scale": 0.1,
+                                         "step_size": 0.03},
 }  # fmt: skip
 
 
