@@ -13,6 +13,10 @@ tolerance) and its earlier default (preset "v1") against the paper's recipe on a
 small CNN: seconds and median error, same run.
 
     python benchmarks/iris.py [--width 16] [--batch 128] [--steps 20] [--tables quality]
+    python benchmarks/iris.py --config CONFIG --store STORE --front seed1 [--repeats 2]
+
+The second form times the paper's recipe against the default on a trained front of an
+experiment's store (its data must be on disk: e.g. experiment A's CPU-size ResNet-18s).
 """
 
 from __future__ import annotations
@@ -102,6 +106,30 @@ def measure_iris(width: int = 16, batch: int = 128, steps: int = 20, ks=(1, 5, 9
     return rows
 
 
+def _quality_rows(model, src, points, presets, repeats: int) -> list[dict]:
+    """Seconds and median error of each preset's IRIs of ``src`` at each point, each
+    preset's fastest of ``repeats`` interleaved runs; the last preset against the first."""
+    rows = []
+    for point in points:
+        generate_iris(model, point, src[:8], steps=1)  # warm-up
+        res, sec = {}, {}
+        for _ in range(repeats):
+            for preset in presets:
+                t0 = time.perf_counter()
+                res[preset] = generate_iris(model, point, src, preset=preset).quality()
+                sec[preset] = min(sec.get(preset, math.inf), time.perf_counter() - t0)
+        row = {"point": point}
+        for preset in presets:
+            row[f"{preset}: median error"] = f"{res[preset].median_error:.4f}"
+            row[f"{preset}: s"] = f"{sec[preset]:.1f}"
+        first, last = presets[0], presets[-1]
+        row[f"time {last} / {first}"] = f"{sec[last] / sec[first]:.2f}x"
+        row[f"error {last} / {first}"] = f"{res[last].median_error / res[first].median_error:.3f}"
+        row["null"] = f"{res[last].null_median:.3f}"
+        rows.append(row)
+    return rows
+
+
 def time_to_quality(n: int = 128, seed: int = 0, repeats: int = 3) -> list[dict]:
     """stitchlab's default recipe and its earlier default (preset "v1") against the paper's
     (200 signed steps of 1/255) on a trained small CNN (generated shapes, 3 epochs):
@@ -115,27 +143,29 @@ def time_to_quality(n: int = 128, seed: int = 0, repeats: int = 3) -> list[dict]
     model = models.create("small_cnn", width=16)
     train_classifier(model, (x, y), epochs=3, seed=seed)
     model.eval()
-    src = x[:n]
-    rows = []
-    for point in sl.stitch_points(model):
-        generate_iris(model, point, src[:8], steps=1)  # warm-up
-        res, sec = {}, {}
-        for _ in range(repeats):
-            for preset in ("paper", "v1", "default"):
-                t0 = time.perf_counter()
-                res[preset] = generate_iris(model, point, src, preset=preset).quality()
-                sec[preset] = min(sec.get(preset, math.inf), time.perf_counter() - t0)
-        paper, v1, ours = res["paper"], res["v1"], res["default"]
-        rows.append({
-            "point": point, "paper: median error": f"{paper.median_error:.4f}",
-            "paper: s": f"{sec['paper']:.1f}", "v1: median error": f"{v1.median_error:.4f}",
-            "v1: s": f"{sec['v1']:.1f}", "default: median error": f"{ours.median_error:.4f}",
-            "default: s": f"{sec['default']:.1f}",
-            "time default / paper": f"{sec['default'] / sec['paper']:.2f}x",
-            "error default / paper": f"{ours.median_error / paper.median_error:.3f}",
-            "null": f"{ours.null_median:.3f}",
-        })  # fmt: skip
-    return rows
+    return _quality_rows(model, x[:n], sl.stitch_points(model), ("paper", "v1", "default"),
+                         repeats)  # fmt: skip
+
+
+def time_to_quality_stored(
+    config: str, store: str, front: str, points: list[str], n: int = 64, repeats: int = 2
+) -> list[dict]:
+    """The same comparison (paper's recipe against the default) on a trained front of an
+    experiment's store (e.g. experiment A's ResNet-18s), on its first ``n`` stitching
+    images with the marker of the first pair that uses it. Needs the config's data."""
+    from pathlib import Path
+
+    from stitchlab.experiments import load_config, with_fingerprints
+    from stitchlab.experiments.datasets import stitch_data
+    from stitchlab.experiments.jobs import load_model
+
+    exp = load_config(config)
+    raw = with_fingerprints(exp.raw)
+    markers = [p.get("marker") for p in exp.pairs.values() if front in p["front"]]
+    model = load_model(raw, Path(store), front).eval()
+    data = stitch_data(raw, markers[0] if markers else None)
+    src = torch.stack([data[i][0] for i in range(n)])
+    return _quality_rows(model, src, points, ("paper", "default"), repeats)
 
 
 def main() -> None:
@@ -151,7 +181,23 @@ def main() -> None:
         "--tables", choices=("both", "released", "quality"), default="both",
         help="released-loop table, time-to-quality table, or both",
     )  # fmt: skip
+    ap.add_argument("--config", help="time to quality on a stored front of this experiment")
+    ap.add_argument("--store", help="with --config: its store")
+    ap.add_argument("--front", default="back", help="with --config: the front model")
+    ap.add_argument("--points", default="layer2.1,layer3.1,layer4.1", help="with --config")
+    ap.add_argument("--n", type=int, default=64, help="with --config: IRIs per point")
     args = ap.parse_args()
+    if args.config:
+        from stitchlab.report import markdown_table
+
+        torch.set_num_threads(args.threads)
+        print(f"Time to quality: default against the paper's recipe, {args.front} of "
+              f"{args.config}, {args.n} IRIs, {args.threads} threads, fastest of "
+              f"{args.repeats} interleaved runs")  # fmt: skip
+        rows = time_to_quality_stored(args.config, args.store, args.front,
+                                      args.points.split(","), args.n, args.repeats)  # fmt: skip
+        print(markdown_table(rows))
+        return
     torch.set_num_threads(args.threads)
     if args.tables in ("both", "released"):
         print(
