@@ -17,11 +17,19 @@ might get there in the same budget of 200 network evaluations, on 32 stitching i
 * and whether uint8 quantisation is the floor (the error before and after it).
 
     python validation/iri_alternatives.py CONFIG --store STORE [--front seed1] [--point layer2.1]
+
+``--variants seed1:layer4.1,shortcut2:layer2.1`` instead runs, at each (front, point),
+variants of stitchlab's default loop (Adam 0.1 -> 0.01, surrogate inner ReLUs 0.1,
+tolerance 0.01, 200 steps) that the recipe does not offer: other Adam moments, a
+surrogate slope that anneals over the run, a per-sample step multiplier adapted to
+whether the error fell, keeping each sample's best iterate, a cosine schedule, other
+first and last step sizes, and quieter starts (Gaussian around mid-grey).
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import subprocess
 import time
 from pathlib import Path
@@ -33,10 +41,15 @@ from stitchlab.experiments.datasets import stitch_data
 from stitchlab.experiments.jobs import load_model
 from stitchlab.iris import (
     IRIRecipe,
+    _batch_generator,
+    _error_and_grad,
+    _front_graphs,
     _frozen_front,
     _is_relu,
     _per_sample_error,
     _run_batch,
+    _start,
+    _SurrogateReLU,
     dequantise,
     quantise,
 )
@@ -167,6 +180,125 @@ def levenberg_marquardt(model, point, x, outer: int = 10, cg: int = 10, lam0: fl
     return _median(exact, xa, t)
 
 
+def _commit() -> str:
+    return subprocess.run(["git", "-C", str(Path(__file__).parent), "rev-parse", "--short",
+                           "HEAD"], capture_output=True, text=True).stdout.strip()  # fmt: skip
+
+
+_SLOPE = [0.1]  # the inner ReLUs' backward slope, read at every forward (annealed)
+
+
+def _annealed_relu(x: torch.Tensor) -> torch.Tensor:
+    return _SurrogateReLU.apply(x, _SLOPE[0])
+
+
+def annealable_front(model, point):
+    """The default's front (straight-through final ReLU) whose inner ReLUs take the
+    surrogate slope from ``_SLOPE`` at each forward."""
+    front = _frozen_front(model, point, (), None, "straight_through")
+    for gm in _front_graphs(front):
+        for node in list(gm.graph.nodes):
+            if _is_relu(node, gm):
+                with gm.graph.inserting_after(node):
+                    new = gm.graph.call_function(_annealed_relu, (node.args[0],))
+                node.replace_all_uses_with(new)
+                gm.graph.erase_node(node)
+        gm.recompile()
+    return front
+
+
+def adam_variant(front, x, steps=200, lr0=0.1, lr1=0.01, b1=0.9, b2=0.999, schedule="geom",
+                 adapt=None, best=False, slope=(0.1, 0.1), tol=0.01, start="noise",
+                 start_scale=0.003) -> tuple[float, float, float]:  # fmt: skip
+    """stitchlab's default loop with the knobs above; (median, p90 after uint8, median
+    pixel RMS distance to the source). With the defaults it reproduces the recipe."""
+    gen = _batch_generator(0, 0)  # the noise of generate_iris's first batch, seed 0
+    with torch.no_grad():
+        target = front(x).float()
+    tn = target.flatten(1).norm(dim=1).clamp_min(1e-12)
+    xa = _start(x, IRIRecipe(start=start, start_scale=start_scale), gen).clamp(0, 1)
+    m, v = torch.zeros_like(xa), torch.zeros_like(xa)
+    n = x.shape[0]
+    mult, prev = torch.ones(n), torch.full((n,), float("inf"))
+    best_err, best_x = torch.full((n,), float("inf")), xa.clone()
+    active = torch.ones(n, dtype=torch.bool)
+    for t in range(steps):
+        frac = t / (steps - 1)
+        _SLOPE[0] = slope[0] + (slope[1] - slope[0]) * frac
+        if schedule == "geom":
+            lr = lr0 * (lr1 / lr0) ** frac
+        else:  # cosine
+            lr = lr1 + 0.5 * (lr0 - lr1) * (1 + math.cos(math.pi * frac))
+        idx = active.nonzero().squeeze(1)
+        xi = xa[idx].detach().requires_grad_(True)
+        f = front(xi)
+        err, g = _error_and_grad(f, target[idx], tn[idx])
+        (grad,) = torch.autograd.grad(f, xi, grad_outputs=g)
+        with torch.no_grad():
+            if best:
+                better = err < best_err[idx]
+                best_err[idx[better]] = err[better]
+                best_x[idx[better]] = xi.detach()[better]
+            if adapt is not None:  # x up while the error falls, x down when it rises
+                worse = err > prev[idx]
+                mult[idx] = torch.where(worse, mult[idx] * adapt[1],
+                                        (mult[idx] * adapt[0]).clamp(max=4.0))  # fmt: skip
+                prev[idx] = err
+            mi, vi = m[idx], v[idx]
+            mi.mul_(b1).add_(grad, alpha=1 - b1)
+            vi.mul_(b2).addcmul_(grad, grad, value=1 - b2)
+            denom = (vi / (1 - b2 ** (t + 1))).sqrt_().add_(1e-8)
+            step = (lr / (1 - b1 ** (t + 1))) * mult[idx]
+            m[idx], v[idx] = mi, vi
+            xa[idx] = (xi.detach() - _bc(step, mi) * mi / denom).clamp_(0, 1)
+            active[idx[err < tol]] = False
+            if not active.any():
+                break
+    if best:
+        with torch.no_grad():
+            last = _per_sample_error(front(xa), target)
+        xa = torch.where(_bc(last < best_err, xa), xa, best_x)
+    med, p90 = _median(front, xa, target)
+    q = dequantise(quantise(xa, (0.0, 1.0)), (0.0, 1.0))
+    return med, p90, float((q - x).flatten(1).pow(2).mean(1).sqrt().median())
+
+
+VARIANTS = {
+    "default (this loop)": {},
+    "keep each sample's best iterate": {"best": True},
+    "Adam beta2 0.99": {"b2": 0.99},
+    "surrogate slope 0.3 -> 0 over the run": {"slope": (0.3, 0.0)},
+    "surrogate slope 0.2 -> 0.05": {"slope": (0.2, 0.05)},
+    "beta2 0.99 + slope 0.2 -> 0.05": {"b2": 0.99, "slope": (0.2, 0.05)},
+    "per-sample step x1.05 / x0.7": {"adapt": (1.05, 0.7)},
+    "cosine 0.1 -> 0.005": {"schedule": "cos", "lr1": 0.005},
+    "geometric 0.15 -> 0.005": {"lr0": 0.15, "lr1": 0.005},
+    "uniform start, 0.05 -> 0.01": {"lr0": 0.05},
+    "quiet start 0.1, 0.05 -> 0.01": {"start": "scaled_noise", "start_scale": 0.1, "lr0": 0.05},
+    "quiet start 0.1, 0.03 -> 0.01": {"start": "scaled_noise", "start_scale": 0.1, "lr0": 0.03},
+    "quiet start 0.03, 0.1 -> 0.01": {"start": "scaled_noise", "start_scale": 0.03},
+    "quiet start 0.2, 0.05 -> 0.01": {"start": "scaled_noise", "start_scale": 0.2, "lr0": 0.05},
+}  # fmt: skip
+
+
+def variants(raw, store: Path, cells: list[tuple[str, str]], n: int) -> None:
+    """Print the table of :data:`VARIANTS` at each (front, point) on ``n`` images."""
+    print("| front | point | variant | median / p90 after uint8 | pixel RMS | seconds |")
+    print("|---|---|---|---|---|---|")
+    models = {}
+    for name, point in cells:
+        if name not in models:
+            models[name] = load_model(raw, store, name)
+        data = stitch_data(raw, raw["models"][name].get("marker"))
+        x = torch.stack([data[i][0] for i in range(n)])
+        front = annealable_front(models[name], point)
+        for label, kw in VARIANTS.items():
+            t0 = time.perf_counter()
+            med, p90, rms = adam_variant(front, x, **kw)
+            print(f"| {name} | {point} | {label} | {med:.4f} / {p90:.4f} | {rms:.3f} | "
+                  f"{time.perf_counter() - t0:.1f} |", flush=True)  # fmt: skip
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("config")
@@ -175,13 +307,16 @@ def main() -> None:
     ap.add_argument("--point", default="layer2.1")
     ap.add_argument("--n", type=int, default=32)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--variants", default="", help="FRONT:POINT,...: the default loop's variants")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     raw = with_fingerprints(load_config(args.config).raw)
-    commit = subprocess.run(["git", "-C", str(Path(__file__).parent), "rev-parse", "--short",
-                             "HEAD"], capture_output=True,
-                            text=True).stdout.strip()  # fmt: skip
-    print(f"commit {commit}; {args.front} at {args.point}, {args.n} images, 200 evaluations "
+    if args.variants:
+        cells = [tuple(c.split(":")) for c in args.variants.split(",")]
+        print(f"commit {_commit()}; {args.n} images, 200 steps, 1 run per variant")
+        variants(raw, Path(args.store), cells, args.n)
+        return
+    print(f"commit {_commit()}; {args.front} at {args.point}, {args.n} images, 200 evaluations "
           "(Levenberg-Marquardt: about 2 per CG iteration)")
     model = load_model(raw, Path(args.store), args.front)
     data = stitch_data(raw, raw["models"][args.front]["marker"])
