@@ -196,8 +196,9 @@ def read_csv(path: Path) -> list[dict]:
 
 
 def tables(rows: list[dict]) -> str:
-    """Markdown: per front, median / p90 error and seconds of every recipe at its largest
-    budget per point, and the null; then the error of every budget for two recipes."""
+    """Markdown: per front, median / p90 error and seconds (and the median pixel RMS
+    distance to the source, where recorded) of every recipe at its largest budget per
+    point, the null, and the dead-unit fractions where both recipes that give them ran."""
     from stitchlab.report import markdown_table
 
     out = []
@@ -210,8 +211,9 @@ def tables(rows: list[dict]) -> str:
             row = {"recipe": recipe}
             for point in points:
                 (r,) = [r for r in sel if (r["recipe"], r["point"]) == (recipe, point)]
+                rms = f"; pixel RMS {r['pixel_rms']:.3f}" if r.get("pixel_rms") is not None else ""
                 row[point] = (
-                    f"{r['median_error']:.3f} / {r['p90_error']:.3f} ({r['seconds']:.1f} s)"
+                    f"{r['median_error']:.3f} / {r['p90_error']:.3f} ({r['seconds']:.1f} s{rms})"
                 )
             table.append(row)
         nulls = {"recipe": "null: another image"}
@@ -223,7 +225,8 @@ def tables(rows: list[dict]) -> str:
             d = {r["recipe"]: r["dead_in_iri"] for r in sel if r["point"] == point}
             a, b = d.get("adam 0.05->0.002"), d.get("adam + ReLU straight-through")
             dead[point] = f"{a:.1%} / {b:.1%}" if a is not None and b is not None else "-"
-        table.append(dead)
+        if any(v != "-" for k, v in dead.items() if k != "recipe"):
+            table.append(dead)
         out.append(f"**{front}**, {top} steps: median / p90 relative error (seconds)\n")
         out.append(markdown_table(table))
         out.append("")
