@@ -2,6 +2,7 @@
 
 import copy
 import csv
+import json
 import re
 
 import pytest
@@ -169,6 +170,11 @@ def test_run_resume_extend(tmp_path):
     ident = [r for r in rows if r["pair"] == "identical" and r["protocol"] == "standard"]
     assert all(float(r["agreement"]) > 95 for r in ident)
     assert (out / "pairs.csv").exists() and (out / "iris_examples.safetensors").exists()
+    # run.json records the resolved IRI recipe (the [iris] table over stitchlab's default)
+    from stitchlab.iris import IRIRecipe
+
+    recorded = json.loads((out / "run.json").read_text())["iris"]["recipe"]
+    assert recorded == IRIRecipe(steps=3, batch_size=16).as_dict()
     import pandas as pd
 
     table = pd.read_parquet(out / "results.parquet")  # the same table, typed

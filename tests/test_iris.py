@@ -350,3 +350,21 @@ def test_iri_agreement_hand_computed():
     assert one_off["null_agreement"] == pytest.approx(50.0, abs=1e-9)
     with pytest.raises(ValueError, match="3 IRIs for 4 source images"):
         iri_agreement(model, (iris[:3], labels[:3]), (src, labels))
+
+
+def test_recipe_describe_names_every_choice():
+    """The one-line description the report shows (hand-written expected text)."""
+    from stitchlab.iris import IRIRecipe
+
+    assert IRIRecipe().describe() == (
+        "200 adam steps 0.1 -> 0.01 from uniform noise over the box, ReLU gradient "
+        "surrogate (slope 0.1) inside, straight through at the output, per-sample "
+        "tolerance 0.01, box (0, 1), stored as uint8"
+    )
+    assert IRIRecipe.paper().describe() == (
+        "200 sign steps 1/255 from uniform noise over the box, exact ReLU gradient, no "
+        "early stop, box (0, 1), stored as uint8"
+    )
+    quiet = IRIRecipe(start="scaled_noise", start_scale=0.1, step_size=0.03)
+    assert "from Gaussian noise (sd 0.1) around the box centre" in quiet.describe()
+    assert "0.03 -> 0.01" in quiet.describe()

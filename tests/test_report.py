@@ -236,6 +236,32 @@ def test_minimal_run_single_seed_single_point(tmp_path):
     assert not list((tmp_path / "figures").glob("*.pdf"))
 
 
+def test_report_names_the_iri_recipe_that_run_json_records(tmp_path):
+    """The IRI table's caption gives the recipe run.json records (never one guessed from
+    the config); a run.json without it, or without IRIs, is handled loudly or quietly."""
+    rows = [_row(pair="cross-seed", point="blocks.1", objective="slm", protocol=p,
+                 agreement=70.0, iri_median_error=0.04 if p == "iris" else None,
+                 iri_p90_error=0.05 if p == "iris" else None)
+            for p in ("standard", "iris")]  # fmt: skip
+    pd.DataFrame(rows).to_csv(tmp_path / "results.csv", index=False)
+    recipe = {"steps": 200, "step_size": 1 / 255, "final_step_size": None, "optimizer": "sign",
+              "start": "noise", "tolerance": None, "box": [0.0, 1.0], "batch_size": 128,
+              "amp": "auto", "relu_grad": "exact", "relu_slope": 0.1, "start_scale": 0.003,
+              "precision": "uint8"}  # fmt: skip
+    (tmp_path / "run.json").write_text(json.dumps({"iris": {"total": 1, "recipe": recipe}}))
+    html = make_report(tmp_path, formats=("png",), strict=True).read_text(encoding="utf-8")
+    assert "IRI recipe: 200 sign steps 1/255 from uniform noise over the box, exact ReLU" in html
+    (tmp_path / "run.json").write_text(json.dumps({"iris": {"total": 1}}))  # an older run
+    html = make_report(tmp_path, formats=("png",), strict=True).read_text(encoding="utf-8")
+    assert "records no IRI recipe" in html and "IRI recipe: not recorded in run.json" in html
+    (tmp_path / "run.json").write_text(json.dumps({"iris": {"total": 1, "recipe": {"steps": 1}}}))
+    html = make_report(tmp_path, formats=("png",), strict=True).read_text(encoding="utf-8")
+    assert "not readable" in html
+    (tmp_path / "run.json").write_text(json.dumps({"iris": {"total": 0}}))  # no IRI sets
+    html = make_report(tmp_path, formats=("png",), strict=True).read_text(encoding="utf-8")
+    assert "records no IRI recipe" not in html
+
+
 def test_agreement_figure_axes():
     rows = [_row(point="blocks.1", objective=o, agreement=70.0, seed=s) for o in OBJECTIVES
             for s in (1, 2, 3)]  # fmt: skip

@@ -194,6 +194,15 @@ class IRIRecipe:
         d["box"] = list(self.box)
         return d
 
+    def describe(self) -> str:
+        """One line for reports, e.g. "200 adam steps 0.1 -> 0.01 from uniform noise over
+        the box, ReLU gradient surrogate (slope 0.1), per-sample tolerance 0.01, ...".
+        Invariance-aware scores depend on the whole recipe, the start included
+        (docs/validation/iri_convergence.md), so a score is reported with it."""
+        from .vocabulary import describe_iri_recipe
+
+        return describe_iri_recipe(self.as_dict())
+
     def key_dict(self) -> dict:
         """The fields that name a stored IRI set (:func:`generate_iris_set`'s key): all of
         :meth:`as_dict`, except the fields added after the first stored sets where they

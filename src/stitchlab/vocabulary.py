@@ -8,6 +8,7 @@ all read them from here.
 from __future__ import annotations
 
 __all__ = [
+    "describe_iri_recipe",
     "OBJECTIVES",
     "PROTOCOLS",
     "MARKERS",
@@ -71,3 +72,39 @@ RESULT_COLUMNS: list[str] = [
 PGD_TRAIN: dict[str, float] = {"eps": 8 / 255, "step": 2 / 255, "steps": 10}
 #: The default evaluation attack: stronger (20 steps) at the same budget.
 PGD_EVAL: dict[str, float] = {"eps": 8 / 255, "step": 2 / 255, "steps": 20}
+
+
+def _step_text(v: float) -> str:
+    """A step size as the paper writes it (``1/255``) when it is a whole number of 255ths
+    that ``:g`` would not show exactly, else ``:g``."""
+    k = v * 255
+    if round(k) >= 1 and abs(k - round(k)) < 1e-6 and f"{v:g}" != f"{v}":
+        return f"{round(k)}/255"
+    return f"{v:g}"
+
+
+def describe_iri_recipe(recipe: dict) -> str:
+    """One line describing an IRI recipe given as ``IRIRecipe.as_dict()`` (torch-free, for
+    the report); a KeyError names a missing field."""
+    size = _step_text(recipe["step_size"])
+    if recipe["final_step_size"] is not None:
+        size += f" -> {_step_text(recipe['final_step_size'])}"
+    start = {
+        "noise": "uniform noise over the box",
+        "image": "another source of the batch",
+        "blur": "the blurred source",
+        "scaled_noise": f"Gaussian noise (sd {recipe['start_scale']:g}) around the box centre",
+    }[recipe["start"]]
+    grad = {
+        "exact": "exact ReLU gradient",
+        "straight_through": "ReLU gradient straight through at the output",
+        "surrogate": f"ReLU gradient surrogate (slope {recipe['relu_slope']:g}) inside, "
+        "straight through at the output",
+    }[recipe["relu_grad"]]
+    tol = recipe["tolerance"]
+    stop = f"per-sample tolerance {tol:g}" if tol is not None else "no early stop"
+    lo, hi = recipe["box"]
+    return (
+        f"{recipe['steps']} {recipe['optimizer']} steps {size} from {start}, {grad}, {stop}, "
+        f"box ({lo:g}, {hi:g}), stored as {recipe['precision']}"
+    )

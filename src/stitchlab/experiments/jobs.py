@@ -302,6 +302,15 @@ def _iris_options(exp_raw: dict[str, Any]) -> tuple[dict[str, Any], float, float
     return opts, threshold, min_ratio
 
 
+def iri_recipe(exp_raw: dict[str, Any]):
+    """The resolved :class:`~stitchlab.iris.IRIRecipe` of an experiment's ``[iris]`` table
+    (stitchlab's default where the table names no preset or field)."""
+    from ..iris import IRIRecipe
+
+    opts, _, _ = _iris_options(exp_raw)
+    return IRIRecipe.from_kwargs(**opts)
+
+
 def iris_job(job: IRIJob) -> dict[str, Any]:
     """Generate (or reuse) the IRI set of one front at one point on one stitching set."""
     from ..iris import generate_iris_set
@@ -331,10 +340,8 @@ def _iris_key(exp_raw: dict[str, Any]) -> dict[str, Any]:
     """What an invariance-aware run's IRIs are: the resolved recipe (not the [iris] table's
     text, so that a change of stitchlab's default recipe is a new key, never a stale
     result) and the quality limits."""
-    from ..iris import IRIRecipe
-
-    opts, threshold, min_ratio = _iris_options(exp_raw)
-    recipe = IRIRecipe.from_kwargs(**opts).key_dict()
+    _, threshold, min_ratio = _iris_options(exp_raw)
+    recipe = iri_recipe(exp_raw).key_dict()
     return {"recipe": recipe, "threshold": threshold, "min_null_ratio": min_ratio}
 
 

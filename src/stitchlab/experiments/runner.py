@@ -34,6 +34,7 @@ from .jobs import (
     TrainJob,
     cka_job,
     front_job,
+    iri_recipe,
     iris_job,
     stitch_group_job,
     train_job,
@@ -190,6 +191,8 @@ def run_experiment(
     if iri_paths:
         write_examples(out / "iris_examples.safetensors", raw, iri_paths, examples)
     summary["iris"] = {"total": len(iri_paths)}
+    if iri_paths:  # the resolved recipe (the [iris] table's text may rely on the default)
+        summary["iris"]["recipe"] = iri_recipe(raw).as_dict()
     summary["seconds"] = round(time.time() - start, 1)
     write_json(out / "run.json", {**summary, "config": raw})
     log.info(

@@ -363,11 +363,17 @@ def make_report(
             "iri_pixel_rms": ("pixel RMS", 4), "iri_null_median": ("null (another image)", 4),
             "iri_null_ratio": ("times closer than null", 1), "n_runs": ("runs", None),
         })  # fmt: skip
+        recipe = (
+            f"IRI recipe: {data.iri_recipe}. Scores under IRIs depend on the recipe, its "
+            "start included: compare them only under one recipe."
+            if data.iri_recipe is not None
+            else "IRI recipe: not recorded in run.json."
+        )
         b.table("table-iri-quality", "IRI quality per front and point", q,
                 "Mean over the IRI-protocol runs that used each IRI set. The null is the "
                 "median relative distance between the representations of two different "
-                "real images at the point; a set less than 10x closer than it is flagged."
-                )  # fmt: skip
+                "real images at the point; a set less than 10x closer than it is flagged. "
+                + recipe)  # fmt: skip
     transfer = iri_transfer(results)
     if transfer is not None:
         t = _renamed(transfer, {

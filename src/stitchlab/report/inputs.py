@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..vocabulary import IRI_TRANSFER_COLUMNS
+from ..vocabulary import IRI_TRANSFER_COLUMNS, describe_iri_recipe
 
 __all__ = [
     "ReportInputError",
@@ -32,6 +32,7 @@ RESULTS_FILE = "results.csv"
 PAIRS_FILE = "pairs.csv"
 CKA_FILE = "cka.csv"
 EXAMPLES_FILE = "iris_examples.safetensors"
+RUN_FILE = "run.json"
 
 RESULTS_REQUIRED: tuple[str, ...] = (
     "experiment", "pair", "front", "back", "point", "point_index", "objective", "protocol",
@@ -101,6 +102,7 @@ class RunData:
     pairs: pd.DataFrame | None = None
     cka: pd.DataFrame | None = None
     examples: IRIExamples | None = None
+    iri_recipe: str | None = None  # the resolved IRI recipe, described (from run.json)
     notes: list[str] = field(default_factory=list)
 
 
@@ -321,4 +323,29 @@ def load_run(run_dir: str | os.PathLike[str]) -> RunData:
         data.examples = load_iris_examples(run_dir / EXAMPLES_FILE)
     else:
         data.notes.append(f"No {EXAMPLES_FILE}: the example IRIs are skipped.")
+    data.iri_recipe = _iri_recipe(run_dir / RUN_FILE, data.notes)
     return data
+
+
+def _iri_recipe(path: Path, notes: list[str]) -> str | None:
+    """The IRI recipe that run.json records (written by stitchlab run when IRI sets were
+    made), described in one line; None, with a note, when it is not recorded or not
+    readable. Never guessed from the config: stitchlab's default may have changed since."""
+    if not path.is_file():
+        return None
+    try:
+        iris = json.loads(path.read_text(encoding="utf-8")).get("iris") or {}
+    except (OSError, ValueError, AttributeError) as exc:
+        notes.append(f"{path.name} is not readable JSON ({exc}): the IRI recipe is not shown.")
+        return None
+    if not iris.get("total"):  # no IRI sets in this run
+        return None
+    if "recipe" not in iris:
+        notes.append(f"{path.name} records no IRI recipe (a run made before stitchlab did).")
+        return None
+    recipe = iris["recipe"]
+    try:
+        return describe_iri_recipe(recipe)
+    except (KeyError, TypeError, ValueError) as exc:
+        notes.append(f"{path.name}: the IRI recipe it records is not readable ({exc}).")
+        return None
