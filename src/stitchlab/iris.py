@@ -196,7 +196,7 @@ class IRIRecipe:
 
     def describe(self) -> str:
         """One line for reports, e.g. "200 adam steps 0.1 -> 0.01 from uniform noise over
-        the box, ReLU gradient surrogate (slope 0.1), per-sample tolerance 0.01, ...".
+        the box, ReLU gradient surrogate (slope 0.1) inside, ..., stored as uint8".
         Invariance-aware scores depend on the whole recipe, the start included
         (docs/validation/iri_convergence.md), so a score is reported with it."""
         from .vocabulary import describe_iri_recipe

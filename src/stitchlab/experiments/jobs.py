@@ -18,7 +18,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -35,6 +35,9 @@ from .datasets import (
     test_data,
 )
 
+if TYPE_CHECKING:
+    from ..iris import IRIRecipe
+
 __all__ = [
     "RunContext",
     "TrainJob",
@@ -47,6 +50,7 @@ __all__ = [
     "model_key",
     "stitch_key",
     "iris_data_key",
+    "iri_recipe",
     "train_job",
     "iris_job",
     "stitch_group_job",
@@ -302,7 +306,7 @@ def _iris_options(exp_raw: dict[str, Any]) -> tuple[dict[str, Any], float, float
     return opts, threshold, min_ratio
 
 
-def iri_recipe(exp_raw: dict[str, Any]):
+def iri_recipe(exp_raw: dict[str, Any]) -> IRIRecipe:
     """The resolved :class:`~stitchlab.iris.IRIRecipe` of an experiment's ``[iris]`` table
     (stitchlab's default where the table names no preset or field)."""
     from ..iris import IRIRecipe
