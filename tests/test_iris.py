@@ -368,3 +368,13 @@ def test_recipe_describe_names_every_choice():
     quiet = IRIRecipe(start="scaled_noise", start_scale=0.1, step_size=0.03)
     assert "from Gaussian noise (sd 0.1) around the box centre" in quiet.describe()
     assert "0.03 -> 0.01" in quiet.describe()
+
+
+def test_iris_command_prints_quality_and_recipe(tmp_path, capsys):
+    from stitchlab.cli import main
+
+    code = main(["iris", "small_cnn", "blocks.0", "--cache", str(tmp_path), "--random-init",
+                 "--n", "8", "--steps", "2", "--preset", "paper"])  # fmt: skip
+    out = capsys.readouterr().out
+    assert code == 0 and "relative error median" in out
+    assert "recipe: 2 sign steps 1/255 from uniform noise over the box, exact ReLU gradient" in out

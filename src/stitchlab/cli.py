@@ -323,7 +323,7 @@ def _cmd_stitch(args: argparse.Namespace) -> int:
 
 
 def _cmd_iris(args: argparse.Namespace) -> int:
-    from .iris import generate_iris_set
+    from .iris import IRIRecipe, generate_iris_set
 
     model = _load_model_arg(args.model, args.random_init)
     train, _ = _data_arg(args)
@@ -337,6 +337,7 @@ def _cmd_iris(args: argparse.Namespace) -> int:
         model, args.point, train, args.cache, progress=True, **tracing, **options
     )
     print(f"{iri_set.root}: {iri_set.quality}")
+    print(f"recipe: {IRIRecipe.from_kwargs(**options).describe()}")
     return 0
 
 
