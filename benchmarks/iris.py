@@ -152,18 +152,16 @@ def time_to_quality_stored(
 ) -> list[dict]:
     """The same comparison (paper's recipe against the default) on a trained front of an
     experiment's store (e.g. experiment A's ResNet-18s), on its first ``n`` stitching
-    images with the marker of the first pair that uses it. Needs the config's data."""
+    images with the model's marker (as its IRIs are made). Needs the config's data."""
     from pathlib import Path
 
     from stitchlab.experiments import load_config, with_fingerprints
     from stitchlab.experiments.datasets import stitch_data
     from stitchlab.experiments.jobs import load_model
 
-    exp = load_config(config)
-    raw = with_fingerprints(exp.raw)
-    markers = [p.get("marker") for p in exp.pairs.values() if front in p["front"]]
+    raw = with_fingerprints(load_config(config).raw)
     model = load_model(raw, Path(store), front).eval()
-    data = stitch_data(raw, markers[0] if markers else None)
+    data = stitch_data(raw, raw["models"][front]["marker"])
     src = torch.stack([data[i][0] for i in range(n)])
     return _quality_rows(model, src, points, ("paper", "default"), repeats)
 

@@ -30,23 +30,21 @@ from __future__ import annotations
 
 import argparse
 import math
-import subprocess
 import time
 from pathlib import Path
 
 import torch
+from _common import model_and_images, script_commit
 
 from stitchlab.experiments import load_config, with_fingerprints
-from stitchlab.experiments.datasets import stitch_data
-from stitchlab.experiments.jobs import load_model
 from stitchlab.iris import (
     IRIRecipe,
     _batch_generator,
     _error_and_grad,
-    _front_graphs,
     _frozen_front,
     _is_relu,
     _per_sample_error,
+    _replace_relus,
     _run_batch,
     _start,
     _SurrogateReLU,
@@ -180,11 +178,6 @@ def levenberg_marquardt(model, point, x, outer: int = 10, cg: int = 10, lam0: fl
     return _median(exact, xa, t)
 
 
-def _commit() -> str:
-    return subprocess.run(["git", "-C", str(Path(__file__).parent), "rev-parse", "--short",
-                           "HEAD"], capture_output=True, text=True).stdout.strip()  # fmt: skip
-
-
 _SLOPE = [0.1]  # the inner ReLUs' backward slope, read at every forward (annealed)
 
 
@@ -196,14 +189,7 @@ def annealable_front(model, point):
     """The default's front (straight-through final ReLU) whose inner ReLUs take the
     surrogate slope from ``_SLOPE`` at each forward."""
     front = _frozen_front(model, point, (), None, "straight_through")
-    for gm in _front_graphs(front):
-        for node in list(gm.graph.nodes):
-            if _is_relu(node, gm):
-                with gm.graph.inserting_after(node):
-                    new = gm.graph.call_function(_annealed_relu, (node.args[0],))
-                node.replace_all_uses_with(new)
-                gm.graph.erase_node(node)
-        gm.recompile()
+    _replace_relus(front, _annealed_relu)
     return front
 
 
@@ -258,9 +244,11 @@ def adam_variant(front, x, steps=200, lr0=0.1, lr1=0.01, b1=0.9, b2=0.999, sched
         with torch.no_grad():
             last = _per_sample_error(front(xa), target)
         xa = torch.where(_bc(last < best_err, xa), xa, best_x)
-    med, p90 = _median(front, xa, target)
     q = dequantise(quantise(xa, (0.0, 1.0)), (0.0, 1.0))
-    return med, p90, float((q - x).flatten(1).pow(2).mean(1).sqrt().median())
+    with torch.no_grad():
+        e = _per_sample_error(front(q), target)
+    rms = (q - x).flatten(1).pow(2).mean(1).sqrt()
+    return float(e.median()), float(e.quantile(0.9)), float(rms.median())
 
 
 VARIANTS = {
@@ -285,13 +273,12 @@ def variants(raw, store: Path, cells: list[tuple[str, str]], n: int) -> None:
     """Print the table of :data:`VARIANTS` at each (front, point) on ``n`` images."""
     print("| front | point | variant | median / p90 after uint8 | pixel RMS | seconds |")
     print("|---|---|---|---|---|---|")
-    models = {}
+    loaded = {}
     for name, point in cells:
-        if name not in models:
-            models[name] = load_model(raw, store, name)
-        data = stitch_data(raw, raw["models"][name].get("marker"))
-        x = torch.stack([data[i][0] for i in range(n)])
-        front = annealable_front(models[name], point)
+        if name not in loaded:
+            loaded[name] = model_and_images(raw, store, name, n)
+        model, x = loaded[name]
+        front = annealable_front(model, point)
         for label, kw in VARIANTS.items():
             t0 = time.perf_counter()
             med, p90, rms = adam_variant(front, x, **kw)
@@ -313,14 +300,12 @@ def main() -> None:
     raw = with_fingerprints(load_config(args.config).raw)
     if args.variants:
         cells = [tuple(c.split(":")) for c in args.variants.split(",")]
-        print(f"commit {_commit()}; {args.n} images, 200 steps, 1 run per variant")
+        print(f"commit {script_commit()}; {args.n} images, 200 steps, 1 run per variant")
         variants(raw, Path(args.store), cells, args.n)
         return
-    print(f"commit {_commit()}; {args.front} at {args.point}, {args.n} images, 200 evaluations "
-          "(Levenberg-Marquardt: about 2 per CG iteration)")
-    model = load_model(raw, Path(args.store), args.front)
-    data = stitch_data(raw, raw["models"][args.front]["marker"])
-    x = torch.stack([data[i][0] for i in range(args.n)])
+    print(f"commit {script_commit()}; {args.front} at {args.point}, {args.n} images, 200 "
+          "evaluations (Levenberg-Marquardt: about 2 per CG iteration)")
+    model, x = model_and_images(raw, Path(args.store), args.front, args.n, args.config)
     front = _frozen_front(model, args.point, (), None, "straight_through")
     print("| optimiser | median (p90) after uint8 | seconds |\n|---|---|---|")
     for step in (0.05, 0.1, 0.02):

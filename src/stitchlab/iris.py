@@ -468,20 +468,26 @@ def _front_graphs(front: nn.Module) -> list:
     ]  # fmt: skip
 
 
-def _surrogate_inner(front: nn.Module, slope: float) -> None:
-    """Give every ReLU of ``front`` still in place (those before a straight-through final
-    one) the surrogate gradient of slope ``slope``."""
+def _replace_relus(front: nn.Module, fn: Callable, *args) -> None:
+    """Replace every ReLU of the traced ``front`` still in place (those before a
+    straight-through final one) by ``fn(x, *args)``."""
     graphs = _front_graphs(front)
     if not graphs:  # split() always returns traced fronts
-        raise TypeError(f"relu_grad='surrogate' needs a traced front, got {type(front)}")
+        raise TypeError(f"replacing the ReLU gradient needs a traced front, got {type(front)}")
     for gm in graphs:
         for node in list(gm.graph.nodes):
             if _is_relu(node, gm):
                 with gm.graph.inserting_after(node):
-                    new = gm.graph.call_function(surrogate_relu, (node.args[0], slope))
+                    new = gm.graph.call_function(fn, (node.args[0], *args))
                 node.replace_all_uses_with(new)
                 gm.graph.erase_node(node)
         gm.recompile()
+
+
+def _surrogate_inner(front: nn.Module, slope: float) -> None:
+    """Give every ReLU of ``front`` still in place the surrogate gradient of slope
+    ``slope``."""
+    _replace_relus(front, surrogate_relu, slope)
 
 
 def _frozen_front(

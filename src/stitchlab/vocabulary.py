@@ -75,11 +75,11 @@ PGD_EVAL: dict[str, float] = {"eps": 8 / 255, "step": 2 / 255, "steps": 20}
 
 
 def _step_text(v: float) -> str:
-    """A step size as the paper writes it (``1/255``) when it is a whole number of 255ths
-    that ``:g`` would not show exactly, else ``:g``."""
-    k = v * 255
-    if round(k) >= 1 and abs(k - round(k)) < 1e-6 and f"{v:g}" != f"{v}":
-        return f"{round(k)}/255"
+    """A step size as ``:g`` writes it, or as the paper does (``1/255``) when that text
+    would not read back exactly and the size is a whole number of 255ths."""
+    k = round(v * 255)
+    if float(f"{v:g}") != v and k >= 1 and abs(v * 255 - k) < 1e-6:
+        return f"{k}/255"
     return f"{v:g}"
 
 
