@@ -13,6 +13,7 @@ tolerance) and its earlier default (preset "v1") against the paper's recipe on a
 small CNN: seconds and median error, same run.
 
     python benchmarks/iris.py [--width 16] [--batch 128] [--steps 20] [--tables quality]
+    python benchmarks/iris.py --tables memory   # channels-last against contiguous
     python benchmarks/iris.py --config CONFIG --store STORE --front seed1 [--repeats 2]
 
 The second form times the paper's recipe against the default on a trained front of an
@@ -30,6 +31,7 @@ import torch
 
 import stitchlab as sl
 from stitchlab import models
+from stitchlab._memory_format import ENV, channels_last
 from stitchlab.data import shapes
 from stitchlab.iris import _batch_generator, generate_iris
 
@@ -62,9 +64,11 @@ def released_loop(front_model, back_model, point, x, steps, step_size, seed):
 
 
 def prefix_limit(model, point, x, steps):
-    """Seconds of ``steps`` forward+backward passes of the prefix alone."""
+    """Seconds of ``steps`` forward+backward passes of the prefix alone, in the memory
+    layout stitchlab runs it in (channels-last on the CPU: stitchlab._memory_format)."""
     front = copy.deepcopy(sl.split(model, point)[0]).eval().requires_grad_(False)
-    xa = x.clone().requires_grad_(True)
+    layout = torch.channels_last if channels_last(front, x) else torch.contiguous_format
+    xa = x.clone().contiguous(memory_format=layout).requires_grad_(True)
     with torch.no_grad():
         grad_out = torch.randn_like(front(x))
     start = time.perf_counter()
@@ -103,6 +107,48 @@ def measure_iris(width: int = 16, batch: int = 128, steps: int = 20, ks=(1, 5, 9
             "max IRI diff (pixels differing)": f"{float(diff.max()) * 255:.0f}/255 "
             f"({float((diff > 0).float().mean()) * 100:.3f}%)",
         })  # fmt: skip
+    return rows
+
+
+def measure_memory_format(width: int = 16, batch: int = 128, steps: int = 20, repeats: int = 3):
+    """Per front: seconds of the default recipe's IRIs (``steps`` steps, no early stop, one
+    batch) with the front's activations contiguous (NCHW, the baseline) and channels-last
+    (NHWC, stitchlab's choice on the CPU), each layout's fastest of ``repeats`` interleaved
+    runs; and how far the two sets of IRIs are apart (the same optimisation up to rounding)."""
+    import os
+
+    torch.manual_seed(0)
+    nets = {
+        f"resnet18 w{width}": models.create("resnet18", width=width).eval(),
+        "small_cnn w16": models.create("small_cnn", width=16).eval(),
+    }
+    x, _ = shapes(batch, seed=0)
+    rows = []
+    before = os.environ.get(ENV)
+    try:
+        for name, net in nets.items():
+            for point in sl.stitch_points(net)[:-1]:
+                sec, res = {}, {}
+                for _ in range(repeats):
+                    for mode in ("0", "auto"):
+                        os.environ[ENV] = mode
+                        t0 = time.perf_counter()
+                        res[mode] = generate_iris(net, point, x, steps=steps, tolerance=None)
+                        sec[mode] = min(sec.get(mode, math.inf), time.perf_counter() - t0)
+                a, b = res["0"], res["auto"]
+                rows.append({
+                    "front": name, "point": point,
+                    "contiguous s": f"{sec['0']:.2f}", "channels-last s": f"{sec['auto']:.2f}",
+                    "speed-up": f"{sec['0'] / sec['auto']:.2f}x",
+                    "median error (contiguous / channels-last)":
+                        f"{a.quality().median_error:.4f} / {b.quality().median_error:.4f}",
+                    "IRI pixels differing": f"{(a.iris != b.iris).float().mean().item():.2%}",
+                })  # fmt: skip
+    finally:
+        if before is None:
+            os.environ.pop(ENV, None)
+        else:
+            os.environ[ENV] = before
     return rows
 
 
@@ -176,8 +222,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=3, help="time-to-quality runs per recipe")
     ap.add_argument(
-        "--tables", choices=("both", "released", "quality"), default="both",
-        help="released-loop table, time-to-quality table, or both",
+        "--tables", choices=("both", "released", "quality", "memory"), default="both",
+        help="released-loop table, time-to-quality table, both, or the memory-format table",
     )  # fmt: skip
     ap.add_argument("--config", help="time to quality on a stored front of this experiment")
     ap.add_argument("--store", help="with --config: its store")
@@ -197,6 +243,15 @@ def main() -> None:
         print(markdown_table(rows))
         return
     torch.set_num_threads(args.threads)
+    if args.tables == "memory":
+        print(
+            f"Memory format: the default recipe's IRIs, {args.steps} steps without early stop, "
+            f"batch {args.batch}, {args.threads} threads, fastest of {args.repeats} "
+            "interleaved runs; contiguous is the baseline"
+        )
+        rows = measure_memory_format(args.width, args.batch, args.steps, args.repeats)
+        print(markdown_table(rows))
+        return
     if args.tables in ("both", "released"):
         print(
             f"ResNet-18 width {args.width}, batch {args.batch}, {args.steps} signed steps of "

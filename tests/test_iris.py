@@ -269,6 +269,13 @@ def test_surrogate_relu_gradient_and_fronts():
     assert torch.equal(y, torch.tensor([0.0, 0.0, 0.5, 2.0]))
     (y * torch.tensor([1.0, 2.0, 3.0, 4.0])).sum().backward()
     assert torch.equal(x.grad, torch.tensor([0.25, 0.5, 3.0, 4.0]))  # hand-computed
+    # in place, as the model's own relu_: the same values and gradient, the input overwritten
+    x2 = torch.tensor([-1.0, 0.0, 0.5, 2.0], requires_grad=True)
+    h = x2 * 1.0
+    y2 = surrogate_relu(h, 0.25, inplace=True)
+    assert y2 is h and torch.equal(h, y)
+    (y2 * torch.tensor([1.0, 2.0, 3.0, 4.0])).sum().backward()
+    assert torch.equal(x2.grad, x.grad)
     # a 1-unit chain relu(w2 * relu(w1 * x)) at x where the inner unit is off (w1 x = -2):
     # exact gradient 0; surrogate: the final ReLU passes 1, the inner one relu_slope
     m = nn.Sequential(nn.Linear(1, 1, bias=False), nn.ReLU(), nn.Linear(1, 1, bias=False),
@@ -295,6 +302,17 @@ def test_surrogate_relu_gradient_and_fronts():
     assert not any(isinstance(k, str) and k.endswith("relu") for k in kinds)
     xi = torch.rand(2, 3, 32, 32)
     torch.testing.assert_close(front(xi), sl.split(net, "layer2.1")[0](xi))
+    # the model's in-place ReLUs stay in place, with the gradient of out-of-place ones
+    calls = [n for n in front.graph.nodes if n.target is surrogate_relu]
+    assert [n.args[2] for n in calls] == [True] * 8
+    xg = xi.clone().requires_grad_(True)
+    front(xg).square().sum().backward()
+    for n in calls:
+        n.args = (*n.args[:2], False)
+    front.recompile()
+    xo = xi.clone().requires_grad_(True)
+    front(xo).square().sum().backward()
+    torch.testing.assert_close(xg.grad, xo.grad, rtol=1e-6, atol=1e-7)
     # the recipe: validated, and in the key only when used
     assert "relu_slope" not in IRIRecipe(relu_grad="straight_through").key_dict()
     assert "relu_slope" not in IRIRecipe.from_kwargs(preset="v1").key_dict()

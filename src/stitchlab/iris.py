@@ -36,6 +36,7 @@ from torch import Tensor, nn
 from torch.utils.data import Dataset
 
 from ._data import DataLike, _module_device, as_dataset, batches, check_images, check_options
+from ._memory_format import channels_last
 from .splitting import split
 from .store import DamagedEntry, atomic_write, file_sha256, lock, read_json, write_json
 
@@ -402,23 +403,32 @@ def straight_through_relu(x: Tensor) -> Tensor:
 
 
 class _SurrogateReLU(torch.autograd.Function):
-    """ReLU forward; backward with slope 1 where the input is positive, ``slope`` elsewhere."""
+    """ReLU forward; backward with slope 1 where the input is positive, ``slope`` elsewhere.
+
+    The output is saved for the backward pass (it is positive exactly where the input
+    is), so that the forward can overwrite its input where the model's own ReLU did."""
 
     @staticmethod
-    def forward(ctx, x: Tensor, slope: float) -> Tensor:  # noqa: D102
-        ctx.save_for_backward(x)
+    def forward(ctx, x: Tensor, slope: float, inplace: bool) -> Tensor:  # noqa: D102
+        if inplace:
+            ctx.mark_dirty(x)
+            y = x.clamp_min_(0)
+        else:
+            y = x.clamp_min(0)
+        ctx.save_for_backward(y)
         ctx.slope = slope
-        return x.clamp_min(0)
+        return y
 
     @staticmethod
     def backward(ctx, grad: Tensor):  # noqa: D102
-        (x,) = ctx.saved_tensors  # leaky ReLU's own backward kernel: one fused pass
-        return torch.ops.aten.leaky_relu_backward(grad, x, ctx.slope, False), None
+        (y,) = ctx.saved_tensors  # leaky ReLU's own backward kernel on the result: one pass
+        return torch.ops.aten.leaky_relu_backward(grad, y, ctx.slope, True), None, None
 
 
-def surrogate_relu(x: Tensor, slope: float = 0.1) -> Tensor:
-    """``relu(x)`` whose gradient is ``slope`` (not 0) where ``x <= 0``."""
-    return _SurrogateReLU.apply(x, slope)
+def surrogate_relu(x: Tensor, slope: float = 0.1, inplace: bool = False) -> Tensor:
+    """``relu(x)`` whose gradient is ``slope`` (not 0) where ``x <= 0``; ``inplace``
+    overwrites ``x`` as ``relu_`` does."""
+    return _SurrogateReLU.apply(x, slope, inplace)
 
 
 def _is_relu(node, root: nn.Module) -> bool:
@@ -468,17 +478,32 @@ def _front_graphs(front: nn.Module) -> list:
     ]  # fmt: skip
 
 
-def _replace_relus(front: nn.Module, fn: Callable, *args) -> None:
+def _relu_is_inplace(node, root: nn.Module) -> bool:
+    """Whether the ReLU ``node`` overwrites its input (``nn.ReLU(inplace=True)``,
+    ``F.relu(x, inplace=True)``, ``relu_``)."""
+    if node.op == "call_module":
+        return bool(root.get_submodule(str(node.target)).inplace)
+    if node.target in (torch.relu_, "relu_"):
+        return True
+    if node.target is F.relu:
+        return bool(node.kwargs.get("inplace", node.args[1] if len(node.args) > 1 else False))
+    return False
+
+
+def _replace_relus(front: nn.Module, fn: Callable, *args, pass_inplace: bool = False) -> None:
     """Replace every ReLU of the traced ``front`` still in place (those before a
-    straight-through final one) by ``fn(x, *args)``."""
+    straight-through final one) by ``fn(x, *args)``; with ``pass_inplace``, by
+    ``fn(x, *args, inplace)`` where ``inplace`` says whether the model's ReLU overwrote
+    its input (so that the replacement may too)."""
     graphs = _front_graphs(front)
     if not graphs:  # split() always returns traced fronts
         raise TypeError(f"replacing the ReLU gradient needs a traced front, got {type(front)}")
     for gm in graphs:
         for node in list(gm.graph.nodes):
             if _is_relu(node, gm):
+                extra = (_relu_is_inplace(node, gm),) if pass_inplace else ()
                 with gm.graph.inserting_after(node):
-                    new = gm.graph.call_function(fn, (node.args[0], *args))
+                    new = gm.graph.call_function(fn, (node.args[0], *args, *extra))
                 node.replace_all_uses_with(new)
                 gm.graph.erase_node(node)
         gm.recompile()
@@ -487,7 +512,7 @@ def _replace_relus(front: nn.Module, fn: Callable, *args) -> None:
 def _surrogate_inner(front: nn.Module, slope: float) -> None:
     """Give every ReLU of ``front`` still in place the surrogate gradient of slope
     ``slope``."""
-    _replace_relus(front, surrogate_relu, slope)
+    _replace_relus(front, surrogate_relu, slope, pass_inplace=True)
 
 
 def _frozen_front(
@@ -569,15 +594,21 @@ def _error_and_grad(f: Tensor, target: Tensor, target_norm: Tensor) -> tuple[Ten
 
 
 def _optimise(
-    front: nn.Module, x: Tensor, recipe: IRIRecipe, gen: torch.Generator
+    front: nn.Module,
+    x: Tensor,
+    recipe: IRIRecipe,
+    gen: torch.Generator,
+    memory_format: torch.memory_format = torch.contiguous_format,
 ) -> tuple[Tensor, Tensor]:
-    """The optimised IRIs of one batch (float, in the box) and the targets f(x)."""
+    """The optimised IRIs of one batch (float, in the box) and the targets f(x);
+    ``memory_format`` is how the front takes its inputs (:mod:`stitchlab._memory_format`)."""
     lo, hi = recipe.box
     device = x.device
+    x = x.contiguous(memory_format=memory_format)
     with torch.no_grad():
         target = front(x).float()
     target_norm = torch.linalg.vector_norm(target.flatten(1), dim=1).clamp_min(1e-12)
-    x_adv = _start(x, recipe, gen).clamp(lo, hi)
+    x_adv = _start(x, recipe, gen).clamp(lo, hi).contiguous(memory_format=memory_format)
     active = torch.ones(x.shape[0], dtype=torch.bool, device=device)
     m = v = None
     if recipe.optimizer == "adam":
@@ -588,7 +619,8 @@ def _optimise(
     for t in range(recipe.steps):
         # gather and scatter only once some samples have stopped
         idx = active.nonzero().squeeze(1) if early and not all_active else None
-        xa = (x_adv if idx is None else x_adv[idx]).detach().requires_grad_(True)
+        xa = x_adv if idx is None else x_adv[idx].contiguous(memory_format=memory_format)
+        xa = xa.detach().requires_grad_(True)
         ta = target if idx is None else target[idx]
         tn = target_norm if idx is None else target_norm[idx]
         with _autocast(device, recipe):
@@ -695,9 +727,7 @@ def generate_iris(
     given = {k: v for k, v in (("steps", steps), ("step_size", step_size)) if v is not None}
     rec = IRIRecipe.from_kwargs(**given, **recipe)
     dev = torch.device(device) if device is not None else _module_device(model)
-    front = _frozen_front(
-        model, point, leaf_modules, output, rec.relu_grad, rec.relu_slope
-    ).to(dev)
+    front = _frozen_front(model, point, leaf_modules, output, rec.relu_grad, rec.relu_slope).to(dev)
     if isinstance(images, Tensor):
         _check_images(images, rec.box)
         sources = [images]
@@ -707,9 +737,12 @@ def generate_iris(
         sources = [torch.cat(sources)]
     out = []
     x_all = sources[0]
+    fmt = torch.contiguous_format
+    if len(x_all):
+        fmt = _front_memory_format(front, x_all[: rec.batch_size].to(dev))
     for i in range(0, x_all.shape[0], rec.batch_size):
         x = x_all[i : i + rec.batch_size].to(dev)
-        out.append(_run_batch(front, x, rec, seed, i))
+        out.append(_run_batch(front, x, rec, seed, i, fmt))
     return IRIResult(
         iris=dequantise(torch.cat([o[0] for o in out]), rec.box),
         rel_error=torch.cat([o[1] for o in out]),
@@ -735,11 +768,19 @@ def _check_images(images: Tensor, box: tuple[float, float]) -> None:
         )
 
 
-def _run_batch(front, x, rec: IRIRecipe, seed: int, start: int):
+def _run_batch(
+    front, x, rec: IRIRecipe, seed: int, start: int, memory_format=torch.contiguous_format
+):
     gen = _batch_generator(seed, start)
-    x_adv, target = _optimise(front, x, rec, gen)
+    x_adv, target = _optimise(front, x, rec, gen, memory_format)
     q, err_q, err_f, rms, null = _measure(front, x, x_adv, target, rec.box, rec.precision)
-    return q.cpu(), err_q.cpu(), err_f.cpu(), rms.cpu(), null.cpu()
+    return q.cpu().contiguous(), err_q.cpu(), err_f.cpu(), rms.cpu(), null.cpu()
+
+
+def _front_memory_format(front: nn.Module, x: Tensor) -> torch.memory_format:
+    """The memory format ``front`` runs IRIs in: channels-last where
+    :func:`stitchlab._memory_format.channels_last` chooses it (``front`` converted in place)."""
+    return torch.channels_last if channels_last(front, x) else torch.contiguous_format
 
 
 # ---------------------------------------------------------------------------
@@ -951,6 +992,7 @@ def _fill_iris_set(
     n = len(dataset)
     num_chunks = math.ceil(n / chunk_size)
     front = front.to(dev)
+    fmt = None  # the front's memory format, chosen on the first batch that is generated
     bar = None
     if progress:
         from tqdm.auto import tqdm
@@ -971,7 +1013,11 @@ def _fill_iris_set(
         offset = lo_i
         for x, y in batches(subset, rec.batch_size, dev):
             _check_images(x, rec.box)  # outside the box they would be silently clamped
-            q, err_q, err_f, rms, null = _run_batch(front, x, rec, seed, offset)
+            if fmt is None:
+                fmt = _front_memory_format(front, x)
+                channels_last_used = fmt == torch.channels_last
+                meta["memory_format"] = "channels_last" if channels_last_used else "contiguous"
+            q, err_q, err_f, rms, null = _run_batch(front, x, rec, seed, offset, fmt)
             parts.append((q, y.cpu().long(), err_q, err_f, rms, null))
             offset += x.shape[0]
         tensors = {
