@@ -11,6 +11,7 @@ only the stitch layer and the back suffix.
 Also: DM in closed form against 30 epochs of Adam (stitchlab's own cached loop).
 
     python benchmarks/stitch_training.py [--width 16] [--n 2560] [--objective slm]
+    python benchmarks/stitch_training.py --tables memory   # channels-last against NCHW
 """
 
 from __future__ import annotations
@@ -111,6 +112,58 @@ def measure_stitch(
     return rows
 
 
+def measure_memory_format(
+    width: int = 16, n: int = 2560, objective: str = "slm", epochs: int = 3, repeats: int = 2,
+    ks=(1, 5, 9),
+) -> list[dict]:
+    """Per point: stitchlab's cache and epoch seconds with the frozen networks in NCHW
+    (``STITCHLAB_CHANNELS_LAST=0``, the baseline) and channels-last (the CPU default), each
+    its fastest of ``repeats`` interleaved runs; and the largest difference of their loss
+    curves (the same training to rounding)."""
+    import os
+
+    from stitchlab._memory_format import ENV
+
+    front, back, x, y = _setup(width, n)
+    points = sl.stitch_points(back)
+    rows, before = [], os.environ.get(ENV)
+    try:
+        for k in ks:
+            point = points[k - 1]
+            best: dict[str, dict] = {}
+            for _ in range(repeats):
+                for mode in ("0", "auto"):
+                    os.environ[ENV] = mode
+                    s = sl.stitch(front, back, point, (x, y), objective=objective,
+                                  epochs=epochs, cache=True, seed=0, lr=1e-3)  # fmt: skip
+                    t = {"cache": s.timings["cache"], "epoch": s.timings["train"] / epochs}
+                    old = best.get(mode)
+                    best[mode] = {
+                        "cache": min(t["cache"], old["cache"]) if old else t["cache"],
+                        "epoch": min(t["epoch"], old["epoch"]) if old else t["epoch"],
+                        "losses": s.step_losses,
+                    }
+            a, b = best["0"], best["auto"]
+            diff = max(abs(u - v) for u, v in zip(a["losses"], b["losses"]))
+            rows.append({
+                "point": f"{k} ({point})",
+                "NCHW cache s": round(a["cache"], 2), "channels-last cache s": round(b["cache"], 2),
+                "NCHW epoch s": round(a["epoch"], 2),
+                "channels-last epoch s": round(b["epoch"], 2),
+                "ratio cache": f"{a['cache'] / b['cache']:.2f}x",
+                "ratio epoch": f"{a['epoch'] / b['epoch']:.2f}x",
+                "ratio 30 epochs":
+                    f"{(a['cache'] + 30 * a['epoch']) / (b['cache'] + 30 * b['epoch']):.2f}x",
+                "max loss diff": f"{diff:.1e}",
+            })  # fmt: skip
+    finally:
+        if before is None:
+            os.environ.pop(ENV, None)
+        else:
+            os.environ[ENV] = before
+    return rows
+
+
 def measure_dm(width: int = 16, n: int = 2560, k: int = 5) -> list[dict]:
     """DM at point ``k``: closed form against 30 epochs of Adam (cached and streamed)."""
     front, back, x, y = _setup(width, n)
@@ -155,8 +208,17 @@ def main() -> None:
     ap.add_argument("--objective", default="slm")
     ap.add_argument("--epochs", type=int, default=3, help="stitchlab epochs (steady state)")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--tables", choices=("hooks", "memory"), default="hooks",
+                    help="against hook-based stitching (and DM), or NCHW against channels-last")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    if args.tables == "memory":
+        print(f"ResNet-18 width {args.width}, {args.n} images, batch 128, {args.objective}, "
+              f"{args.threads} threads: frozen networks NCHW (baseline) against channels-last, "
+              "fastest of 2 interleaved runs")  # fmt: skip
+        rows = measure_memory_format(args.width, args.n, args.objective, args.epochs)
+        print(markdown_table(rows))
+        return
     print(
         f"ResNet-18 width {args.width}, {args.n} images, batch 128, objective "
         f"{args.objective}, {args.threads} threads"

@@ -85,3 +85,26 @@ def test_iris_agree_between_layouts(monkeypatch):
     monkeypatch.setenv(ENV, "0")
     plain = generate_iris(viewing, "fc", xv, steps=5, seed=0)
     assert torch.equal(auto.iris, plain.iris)
+
+
+def test_stitcher_runs_channels_last_with_the_same_training(monkeypatch):
+    import stitchlab as sl
+    from stitchlab import models
+
+    torch.manual_seed(0)
+    front = models.create("small_cnn", width=8).eval()
+    torch.manual_seed(1)
+    back = models.create("small_cnn", width=8).eval()
+    g = torch.Generator().manual_seed(0)
+    data = (torch.rand(48, 3, 32, 32, generator=g), torch.randint(0, 10, (48,), generator=g))
+    fits = {}
+    for mode in ("0", "auto"):
+        monkeypatch.setenv(ENV, mode)
+        st = sl.Stitcher(front, back, "blocks.1")
+        model = st.fit("slm", data, epochs=2, batch_size=16, lr=1e-2)
+        assert st.channels_last == (mode == "auto")
+        fits[mode] = (model.history, st.evaluate(model, data)["agreement"])
+    # the caller's models are untouched; the training is the same to rounding
+    assert all(p.is_contiguous() for p in front.parameters())
+    assert fits["auto"][0] == pytest.approx(fits["0"][0], rel=1e-3, abs=1e-7)
+    assert fits["auto"][1] == pytest.approx(fits["0"][1], abs=1e-3)

@@ -232,7 +232,9 @@ class StitchLayer(nn.Module):
         if dst.kind in ("conv", "seq"):
             if src.layout == dst.layout == "NHWC" and src.grid == dst.grid:
                 return self.main(a)  # channels last: the 1x1 convolution is a Linear
-            m = _map_for(a, src, dst)
+            # NCHW whatever the input's memory format (channels-last activations of a
+            # convolutional front, or a batch stacked from them): the same numbers either way
+            m = _map_for(a, src, dst).contiguous()
             out = F.conv2d(m, self.main.weight[:, :, None, None], self.main.bias)
             return _from_map(out, dst)
         # tokens

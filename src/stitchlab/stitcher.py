@@ -40,6 +40,7 @@ from ._data import (
     batches,
     check_labels,
 )
+from ._memory_format import channels_last
 from .activations import BackTargets, StitchingSet
 from .evaluation import evaluate as _evaluate
 from .evaluation import pgd_examples
@@ -170,6 +171,7 @@ class Stitcher:
         self._sample_bytes: dict[str, int] = {}
         self._inits: dict[tuple, tuple[Any, Initialisation]] = {}
         self._frozen_train = False
+        self.channels_last = False  # set by setup(): the frozen models run channels-last
 
     def __repr__(self) -> str:
         return (
@@ -212,6 +214,12 @@ class Stitcher:
             src, dst = src.require(), dst.require()
         self._specs = (src, dst)
         self._x0 = x0[: min(2, len(dataset))]  # type: ignore[arg-type]
+        # convolutional models run channels-last on the CPU where a trial agrees with NCHW
+        # (the copies are the Stitcher's own; every split shares their parameters)
+        self.channels_last = channels_last(self._traced_front.logits_model(), x0)
+        if self._traced_back is not self._traced_front:
+            back_cl = channels_last(self._traced_back.logits_model(), x0)
+            self.channels_last = self.channels_last and back_cl
         return self._specs
 
     @property
@@ -316,8 +324,8 @@ class Stitcher:
         scores on ``data``), to evaluate many fitted models without rerunning the front.
         None, computing nothing, when they would need more than ``budget_bytes``."""
         dataset = as_dataset(data, "test_data")[0]
+        self.setup(dataset)  # fixes the memory format before any activation is computed
         if budget_bytes is not None:
-            self.setup(dataset)
             if self._bytes_per_sample([])["activations"] * len(dataset) > budget_bytes:  # type: ignore[arg-type]
                 return None
         acts, labels = [], []
