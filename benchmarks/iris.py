@@ -31,7 +31,8 @@ import torch
 
 import stitchlab as sl
 from stitchlab import models
-from stitchlab._memory_format import ENV, channels_last
+from stitchlab._memory_format import channels_last
+from stitchlab._memory_format import mode as memory_format_mode
 from stitchlab.data import shapes
 from stitchlab.iris import _batch_generator, generate_iris
 
@@ -115,8 +116,6 @@ def measure_memory_format(width: int = 16, batch: int = 128, steps: int = 20, re
     batch) with the front's activations contiguous (NCHW, the baseline) and channels-last
     (NHWC, stitchlab's choice on the CPU), each layout's fastest of ``repeats`` interleaved
     runs; and how far the two sets of IRIs are apart (the same optimisation up to rounding)."""
-    import os
-
     torch.manual_seed(0)
     nets = {
         f"resnet18 w{width}": models.create("resnet18", width=width).eval(),
@@ -124,31 +123,24 @@ def measure_memory_format(width: int = 16, batch: int = 128, steps: int = 20, re
     }
     x, _ = shapes(batch, seed=0)
     rows = []
-    before = os.environ.get(ENV)
-    try:
-        for name, net in nets.items():
-            for point in sl.stitch_points(net)[:-1]:
-                sec, res = {}, {}
-                for _ in range(repeats):
-                    for mode in ("0", "auto"):
-                        os.environ[ENV] = mode
+    for name, net in nets.items():
+        for point in sl.stitch_points(net)[:-1]:
+            sec, res = {}, {}
+            for _ in range(repeats):
+                for mode in ("0", "auto"):
+                    with memory_format_mode(mode):
                         t0 = time.perf_counter()
                         res[mode] = generate_iris(net, point, x, steps=steps, tolerance=None)
-                        sec[mode] = min(sec.get(mode, math.inf), time.perf_counter() - t0)
-                a, b = res["0"], res["auto"]
-                rows.append({
-                    "front": name, "point": point,
-                    "contiguous s": f"{sec['0']:.2f}", "channels-last s": f"{sec['auto']:.2f}",
-                    "speed-up": f"{sec['0'] / sec['auto']:.2f}x",
-                    "median error (contiguous / channels-last)":
-                        f"{a.quality().median_error:.4f} / {b.quality().median_error:.4f}",
-                    "IRI pixels differing": f"{(a.iris != b.iris).float().mean().item():.2%}",
-                })  # fmt: skip
-    finally:
-        if before is None:
-            os.environ.pop(ENV, None)
-        else:
-            os.environ[ENV] = before
+                    sec[mode] = min(sec.get(mode, math.inf), time.perf_counter() - t0)
+            a, b = res["0"], res["auto"]
+            rows.append({
+                "front": name, "point": point,
+                "contiguous s": f"{sec['0']:.2f}", "channels-last s": f"{sec['auto']:.2f}",
+                "speed-up": f"{sec['0'] / sec['auto']:.2f}x",
+                "median error (contiguous / channels-last)":
+                    f"{a.quality().median_error:.4f} / {b.quality().median_error:.4f}",
+                "IRI pixels differing": f"{(a.iris != b.iris).float().mean().item():.2%}",
+            })  # fmt: skip
     return rows
 
 

@@ -120,47 +120,38 @@ def measure_memory_format(
     (``STITCHLAB_CHANNELS_LAST=0``, the baseline) and channels-last (the CPU default), each
     its fastest of ``repeats`` interleaved runs; and the largest difference of their loss
     curves (the same training to rounding)."""
-    import os
-
-    from stitchlab._memory_format import ENV
+    from stitchlab._memory_format import mode as memory_format_mode
 
     front, back, x, y = _setup(width, n)
     points = sl.stitch_points(back)
-    rows, before = [], os.environ.get(ENV)
-    try:
-        for k in ks:
-            point = points[k - 1]
-            best: dict[str, dict] = {}
-            for _ in range(repeats):
-                for mode in ("0", "auto"):
-                    os.environ[ENV] = mode
+    rows = []
+    for k in ks:
+        point = points[k - 1]
+        best: dict[str, dict] = {}
+        for _ in range(repeats):
+            for mode in ("0", "auto"):
+                with memory_format_mode(mode):
                     s = sl.stitch(front, back, point, (x, y), objective=objective,
                                   epochs=epochs, cache=True, seed=0, lr=1e-3)  # fmt: skip
-                    t = {"cache": s.timings["cache"], "epoch": s.timings["train"] / epochs}
-                    old = best.get(mode)
-                    best[mode] = {
-                        "cache": min(t["cache"], old["cache"]) if old else t["cache"],
-                        "epoch": min(t["epoch"], old["epoch"]) if old else t["epoch"],
-                        "losses": s.step_losses,
-                    }
-            a, b = best["0"], best["auto"]
-            diff = max(abs(u - v) for u, v in zip(a["losses"], b["losses"]))
-            rows.append({
-                "point": f"{k} ({point})",
-                "NCHW cache s": round(a["cache"], 2), "channels-last cache s": round(b["cache"], 2),
-                "NCHW epoch s": round(a["epoch"], 2),
-                "channels-last epoch s": round(b["epoch"], 2),
-                "ratio cache": f"{a['cache'] / b['cache']:.2f}x",
-                "ratio epoch": f"{a['epoch'] / b['epoch']:.2f}x",
-                "ratio 30 epochs":
-                    f"{(a['cache'] + 30 * a['epoch']) / (b['cache'] + 30 * b['epoch']):.2f}x",
-                "max loss diff": f"{diff:.1e}",
-            })  # fmt: skip
-    finally:
-        if before is None:
-            os.environ.pop(ENV, None)
-        else:
-            os.environ[ENV] = before
+                t = {"cache": s.timings["cache"], "epoch": s.timings["train"] / epochs}
+                old = best.get(mode)
+                best[mode] = {
+                    "cache": min(t["cache"], old["cache"]) if old else t["cache"],
+                    "epoch": min(t["epoch"], old["epoch"]) if old else t["epoch"],
+                    "losses": s.step_losses,
+                }
+        a, b = best["0"], best["auto"]
+        diff = max(abs(u - v) for u, v in zip(a["losses"], b["losses"]))
+        rows.append({
+            "point": f"{k} ({point})",
+            "NCHW cache s": round(a["cache"], 2), "channels-last cache s": round(b["cache"], 2),
+            "NCHW epoch s": round(a["epoch"], 2), "channels-last epoch s": round(b["epoch"], 2),
+            "ratio cache": f"{a['cache'] / b['cache']:.2f}x",
+            "ratio epoch": f"{a['epoch'] / b['epoch']:.2f}x",
+            "ratio 30 epochs":
+                f"{(a['cache'] + 30 * a['epoch']) / (b['cache'] + 30 * b['epoch']):.2f}x",
+            "max loss diff": f"{diff:.1e}",
+        })  # fmt: skip
     return rows
 
 

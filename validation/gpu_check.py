@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import platform
 import subprocess
 import time
@@ -26,7 +25,7 @@ import torch
 
 import stitchlab as sl
 from stitchlab import data, models
-from stitchlab._memory_format import ENV
+from stitchlab._memory_format import mode as memory_format_mode
 from stitchlab.report import markdown_table
 from stitchlab.train import fast_recipe, train_model
 
@@ -95,19 +94,15 @@ def main() -> int:
     runs = [("paper", "auto"), ("default", "auto")]
     if device.type == "cuda":
         runs.append(("default", "1"))
-    iris, before = None, os.environ.get(ENV)
+    iris = None
     for preset, memory_format in runs:
-        os.environ[ENV] = memory_format
-        _sync(device)
-        t0 = time.perf_counter()
-        out = sl.generate_iris(front, args.point, x, steps=iri_steps, preset=preset,
-                               batch_size=1000 if not smoke else 64, device=device)  # fmt: skip
-        _sync(device)
-        sec = time.perf_counter() - t0
-        if before is None:
-            os.environ.pop(ENV)
-        else:
-            os.environ[ENV] = before
+        with memory_format_mode(memory_format):
+            _sync(device)
+            t0 = time.perf_counter()
+            out = sl.generate_iris(front, args.point, x, steps=iri_steps, preset=preset,
+                                   batch_size=1000 if not smoke else 64, device=device)  # fmt: skip
+            _sync(device)
+            sec = time.perf_counter() - t0
         if preset == "default" and memory_format == "auto":
             iris = out
         q = out.quality()

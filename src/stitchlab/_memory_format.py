@@ -16,6 +16,8 @@ measured case), ``1`` (on every device, e.g. to measure it on a GPU) or ``0`` (n
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 from torch import Tensor, nn
@@ -70,3 +72,18 @@ def channels_last(module: nn.Module, x: Tensor) -> bool:
     if not ok:
         module.to(memory_format=torch.contiguous_format)
     return ok
+
+
+@contextmanager
+def mode(value: str) -> Iterator[None]:
+    """Run the block with ``STITCHLAB_CHANNELS_LAST=value`` (``"auto"``, ``"1"`` or
+    ``"0"``), restoring the variable afterwards (benchmarks compare the two formats)."""
+    before = os.environ.get(ENV)
+    os.environ[ENV] = value
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(ENV, None)
+        else:
+            os.environ[ENV] = before
