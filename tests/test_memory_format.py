@@ -56,6 +56,13 @@ def test_layout_dependent_code_and_other_inputs_stay_contiguous(monkeypatch):
     assert viewing.conv.weight.is_contiguous()  # put back
     assert not channels_last(_conv_net(), torch.rand(2, 3, 16))  # not 4-d
     assert not channels_last(nn.Sequential(nn.Flatten(), nn.Linear(12, 2)), torch.rand(2, 3, 2, 2))
+    # a 5-d parameter beside the convolutions (timm's Swin holds one) is left as it is
+    with5d = _conv_net()
+    with5d.register_parameter("table", nn.Parameter(torch.ones(2, 1, 1, 1, 1)))
+    assert channels_last(with5d, torch.rand(2, 3, 16, 16))
+    assert with5d.table.is_contiguous() and with5d[0].weight.is_contiguous(
+        memory_format=torch.channels_last
+    )
     monkeypatch.setenv(ENV, "0")
     net = _conv_net()
     assert not channels_last(net, torch.rand(2, 3, 16, 16))

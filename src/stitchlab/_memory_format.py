@@ -57,7 +57,7 @@ def channels_last(module: nn.Module, x: Tensor) -> bool:
         reference = module(trial)
         if not isinstance(reference, Tensor):
             return False
-        module.to(memory_format=torch.channels_last)
+        _convert(module, torch.channels_last)
         try:
             out = module(trial.contiguous(memory_format=torch.channels_last))
         except RuntimeError:  # layout-dependent code, e.g. .view of an activation
@@ -70,8 +70,17 @@ def channels_last(module: nn.Module, x: Tensor) -> bool:
             <= AGREEMENT * max(float(reference.float().norm()), 1e-12)
         )
     if not ok:
-        module.to(memory_format=torch.contiguous_format)
+        _convert(module, torch.contiguous_format)
     return ok
+
+
+def _convert(module: nn.Module, memory_format: torch.memory_format) -> None:
+    """Put the 4-d parameters and buffers of ``module`` in ``memory_format`` in place
+    (``Module.to`` would also try 5-d ones, which channels-last cannot hold)."""
+    with torch.no_grad():
+        for t in [*module.parameters(), *module.buffers()]:
+            if t.dim() == 4:
+                t.data = t.data.contiguous(memory_format=memory_format)
 
 
 @contextmanager
