@@ -712,7 +712,9 @@ def generate_iris(
         steps: number of optimisation steps (default: the recipe's, 200).
         step_size: (initial) step size in box units (default 0.1 for Adam; the paper's
             signed steps use 1/255 at 32x32: ``preset="paper"``).
-        seed: seed of the noise start; the result is deterministic for a seed.
+        seed: seed of the noise start; the result is deterministic for a seed (on one
+            machine and memory format: a convolutional front runs channels-last on the
+            CPU, see :mod:`stitchlab._memory_format`, which changes only the rounding).
         device: where to run (default: the model's device).
         leaf_modules: module classes not to trace into (see :func:`stitchlab.split`).
         output: which element of ``model``'s output is the logits (tuple/dict outputs).
