@@ -31,7 +31,7 @@ import torch
 
 import stitchlab as sl
 from stitchlab import models
-from stitchlab._memory_format import channels_last
+from stitchlab._memory_format import memory_format_for
 from stitchlab._memory_format import mode as memory_format_mode
 from stitchlab.data import shapes
 from stitchlab.iris import _batch_generator, generate_iris
@@ -68,8 +68,7 @@ def prefix_limit(model, point, x, steps):
     """Seconds of ``steps`` forward+backward passes of the prefix alone, in the memory
     layout stitchlab runs it in (channels-last on the CPU: stitchlab._memory_format)."""
     front = copy.deepcopy(sl.split(model, point)[0]).eval().requires_grad_(False)
-    layout = torch.channels_last if channels_last(front, x) else torch.contiguous_format
-    xa = x.clone().contiguous(memory_format=layout).requires_grad_(True)
+    xa = x.clone().contiguous(memory_format=memory_format_for(front, x)).requires_grad_(True)
     with torch.no_grad():
         grad_out = torch.randn_like(front(x))
     start = time.perf_counter()

@@ -74,6 +74,11 @@ def channels_last(module: nn.Module, x: Tensor) -> bool:
     return ok
 
 
+def memory_format_for(module: nn.Module, x: Tensor) -> torch.memory_format:
+    """:func:`channels_last` as the memory format to give ``module``'s inputs in."""
+    return torch.channels_last if channels_last(module, x) else torch.contiguous_format
+
+
 def _convert(module: nn.Module, memory_format: torch.memory_format) -> None:
     """Put the 4-d parameters and buffers of ``module`` in ``memory_format`` in place
     (``Module.to`` would also try 5-d ones, which channels-last cannot hold)."""

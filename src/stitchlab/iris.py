@@ -36,7 +36,7 @@ from torch import Tensor, nn
 from torch.utils.data import Dataset
 
 from ._data import DataLike, _module_device, as_dataset, batches, check_images, check_options
-from ._memory_format import channels_last
+from ._memory_format import memory_format_for
 from .splitting import split
 from .store import DamagedEntry, atomic_write, file_sha256, lock, read_json, write_json
 
@@ -739,9 +739,8 @@ def generate_iris(
         sources = [torch.cat(sources)]
     out = []
     x_all = sources[0]
-    fmt = torch.contiguous_format
-    if len(x_all):
-        fmt = _front_memory_format(front, x_all[: rec.batch_size].to(dev))
+    # the front's memory format (converted in place), from a trial on two sources
+    fmt = memory_format_for(front, x_all[:2].to(dev)) if len(x_all) else torch.contiguous_format
     for i in range(0, x_all.shape[0], rec.batch_size):
         x = x_all[i : i + rec.batch_size].to(dev)
         out.append(_run_batch(front, x, rec, seed, i, fmt))
@@ -778,11 +777,6 @@ def _run_batch(
     q, err_q, err_f, rms, null = _measure(front, x, x_adv, target, rec.box, rec.precision)
     return q.cpu().contiguous(), err_q.cpu(), err_f.cpu(), rms.cpu(), null.cpu()
 
-
-def _front_memory_format(front: nn.Module, x: Tensor) -> torch.memory_format:
-    """The memory format ``front`` runs IRIs in: channels-last where
-    :func:`stitchlab._memory_format.channels_last` chooses it (``front`` converted in place)."""
-    return torch.channels_last if channels_last(front, x) else torch.contiguous_format
 
 
 # ---------------------------------------------------------------------------
@@ -1015,10 +1009,10 @@ def _fill_iris_set(
         offset = lo_i
         for x, y in batches(subset, rec.batch_size, dev):
             _check_images(x, rec.box)  # outside the box they would be silently clamped
-            if fmt is None:
-                fmt = _front_memory_format(front, x)
-                channels_last_used = fmt == torch.channels_last
-                meta["memory_format"] = "channels_last" if channels_last_used else "contiguous"
+            if fmt is None:  # converts the front in place where channels-last is chosen
+                fmt = memory_format_for(front, x)
+                cl = fmt == torch.channels_last
+                meta["memory_format"] = "channels_last" if cl else "contiguous"
             q, err_q, err_f, rms, null = _run_batch(front, x, rec, seed, offset, fmt)
             parts.append((q, y.cpu().long(), err_q, err_f, rms, null))
             offset += x.shape[0]

@@ -171,7 +171,9 @@ class Stitcher:
         self._sample_bytes: dict[str, int] = {}
         self._inits: dict[tuple, tuple[Any, Initialisation]] = {}
         self._frozen_train = False
-        self.channels_last = False  # set by setup(): the frozen models run channels-last
+        # set by setup(): True when both frozen models run channels-last (each side is
+        # converted where its own trial agrees; the flag says whether both were)
+        self.channels_last = False
 
     def __repr__(self) -> str:
         return (
