@@ -51,6 +51,13 @@ RECIPES = {
     # stitchlab's default since December 2026
     "adam 0.1->0.01 + surrogate 0.1": {},
     "adam 0.1->0.01 + surrogate 0.2": {"relu_slope": 0.2},
+    # the default's three parts taken apart (optimiser, schedule, ReLU gradient)
+    "adam 0.1->0.01, exact ReLU gradient": {"relu_grad": "exact", "tolerance": None},
+    "adam 0.1->0.01 + ST final ReLU": {"relu_grad": "straight_through"},
+    "sign 8/255->0.5/255 + surrogate 0.1": {"optimizer": "sign", "step_size": 8 / 255,
+                                            "final_step_size": 0.5 / 255, "tolerance": None},
+    "l2 0.01->0.0005 + surrogate 0.1": {"optimizer": "l2", "step_size": 0.01,
+                                        "final_step_size": 0.0005, "tolerance": None},
     # quieter starts: Gaussian noise around mid-grey instead of uniform over the box
     "quiet start 0.1 + adam 0.05->0.01": {"start": "scaled_noise", "start_scale": 0.1,
                                          "step_size": 0.05},
