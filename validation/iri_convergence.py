@@ -52,7 +52,7 @@ RECIPES = {
     "adam 0.1->0.01 + surrogate 0.1": {},
     "adam 0.1->0.01 + surrogate 0.2": {"relu_slope": 0.2},
     # the default's three parts taken apart (optimiser, schedule, ReLU gradient)
-    "adam 0.1->0.01, exact ReLU gradient": {"relu_grad": "exact", "tolerance": None},
+    "adam 0.1->0.01 + exact ReLU gradient": {"relu_grad": "exact", "tolerance": None},
     "adam 0.1->0.01 + ST final ReLU": {"relu_grad": "straight_through"},
     "sign 8/255->0.5/255 + surrogate 0.1": {"optimizer": "sign", "step_size": 8 / 255,
                                             "final_step_size": 0.5 / 255, "tolerance": None},
