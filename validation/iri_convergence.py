@@ -260,13 +260,18 @@ def main() -> None:
         if args.figure:
             figure(rows, Path(args.figure), "IRI convergence")
         return
+    recipes = [r for r in args.recipes.split(",") if r]
+    unknown = [r for r in recipes if r not in RECIPES]
+    if unknown:
+        raise SystemExit(f"unknown recipe(s) {unknown}; the names (comma-separated) are "
+                         f"{list(RECIPES)}")  # fmt: skip
     torch.set_num_threads(args.threads)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True, cwd=Path(__file__).parent).stdout.strip()  # fmt: skip
     print(f"commit {commit}; {args.config}; n={args.n}; steps {args.steps}", flush=True)
     t0 = time.perf_counter()
     rows = study(args.config, Path(args.store), args.n, [int(s) for s in args.steps.split(",")],
-                 [r for r in args.recipes.split(",") if r],
+                 recipes,
                  [f for f in args.fronts.split(",") if f] or None)  # fmt: skip
     write_csv(rows, Path(args.out) / "iri_convergence.csv")
     if args.figure:
