@@ -20,10 +20,11 @@ might get there in the same budget of 200 network evaluations, on 32 stitching i
 
 ``--variants seed1:layer4.1,shortcut2:layer2.1`` instead runs, at each (front, point),
 variants of stitchlab's default loop (Adam 0.1 -> 0.01, surrogate inner ReLUs 0.1,
-tolerance 0.01, 200 steps) that the recipe does not offer: other Adam moments, a
+tolerance 0.01, 200 steps) that the recipe does not offer: other Adam moments, NAdam, a
 surrogate slope that anneals over the run, a per-sample step multiplier adapted to
 whether the error fell, keeping each sample's best iterate, a cosine schedule, other
-first and last step sizes, and quieter starts (Gaussian around mid-grey).
+first and last step sizes, quieter starts (Gaussian around mid-grey), and inner ReLU
+gradients gated by where the source's own units are on.
 """
 
 from __future__ import annotations
@@ -181,13 +182,44 @@ def levenberg_marquardt(model, point, x, outer: int = 10, cg: int = 10, lam0: fl
 _SLOPE = [0.1]  # the inner ReLUs' backward slope, read at every forward (annealed)
 
 
+# Source-gated inner ReLU gradients: while ``_GATE["mode"]`` is "record" the front's
+# inner ReLUs save where the source's units are on; under "union" (or "source") they then
+# pass the gradient with slope 1 where the IRI's unit or the source's is on (only the
+# source's), ``_SLOPE`` elsewhere; ``_GATE["idx"]`` picks the rows of the samples still
+# active. None: the plain surrogate.
+_GATE: dict = {"mode": None, "masks": [], "k": 0, "idx": None}
+
+
+class _GatedReLU(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, source_on):  # noqa: D102
+        y = x.clamp_min(0)
+        ctx.save_for_backward(y, source_on)
+        return y
+
+    @staticmethod
+    def backward(ctx, grad):  # noqa: D102
+        y, source_on = ctx.saved_tensors
+        on = source_on if _GATE["mode"] == "source" else (y > 0) | source_on
+        return grad * torch.where(on, 1.0, _SLOPE[0]).to(grad.dtype), None
+
+
 def _annealed_relu(x: torch.Tensor) -> torch.Tensor:
-    return _SurrogateReLU.apply(x, _SLOPE[0])
+    mode = _GATE["mode"]
+    if mode is None:
+        return _SurrogateReLU.apply(x, _SLOPE[0], False)
+    if mode == "record":
+        _GATE["masks"].append(x > 0)
+        return x.clamp_min(0)
+    on = _GATE["masks"][_GATE["k"]]
+    _GATE["k"] += 1
+    return _GatedReLU.apply(x, on if _GATE["idx"] is None else on[_GATE["idx"]])
 
 
 def annealable_front(model, point):
     """The default's front (straight-through final ReLU) whose inner ReLUs take the
-    surrogate slope from ``_SLOPE`` at each forward."""
+    surrogate slope from ``_SLOPE`` at each forward (or the source-gated gradient of
+    ``_GATE``)."""
     front = _frozen_front(model, point, (), None, "straight_through")
     _replace_relus(front, _annealed_relu)
     return front
@@ -195,12 +227,16 @@ def annealable_front(model, point):
 
 def adam_variant(front, x, steps=200, lr0=0.1, lr1=0.01, b1=0.9, b2=0.999, schedule="geom",
                  adapt=None, best=False, slope=(0.1, 0.1), tol=0.01, start="noise",
-                 start_scale=0.003) -> tuple[float, float, float]:  # fmt: skip
+                 start_scale=0.003, gate=None,
+                 nesterov=False) -> tuple[float, float, float]:  # fmt: skip
     """stitchlab's default loop with the knobs above; (median, p90 after uint8, median
-    pixel RMS distance to the source). With the defaults it reproduces the recipe."""
+    pixel RMS distance to the source). With the defaults it reproduces the recipe.
+    ``gate``: "union" or "source" (see ``_GATE``); ``nesterov``: NAdam's look-ahead."""
     gen = _batch_generator(0, 0)  # the noise of generate_iris's first batch, seed 0
+    _GATE.update(mode="record" if gate else None, masks=[], k=0, idx=None)
     with torch.no_grad():
         target = front(x).float()
+    _GATE["mode"] = gate
     tn = target.flatten(1).norm(dim=1).clamp_min(1e-12)
     xa = _start(x, IRIRecipe(start=start, start_scale=start_scale), gen).clamp(0, 1)
     m, v = torch.zeros_like(xa), torch.zeros_like(xa)
@@ -216,6 +252,7 @@ def adam_variant(front, x, steps=200, lr0=0.1, lr1=0.01, b1=0.9, b2=0.999, sched
         else:  # cosine
             lr = lr1 + 0.5 * (lr0 - lr1) * (1 + math.cos(math.pi * frac))
         idx = active.nonzero().squeeze(1)
+        _GATE.update(k=0, idx=idx)
         xi = xa[idx].detach().requires_grad_(True)
         f = front(xi)
         err, g = _error_and_grad(f, target[idx], tn[idx])
@@ -234,12 +271,17 @@ def adam_variant(front, x, steps=200, lr0=0.1, lr1=0.01, b1=0.9, b2=0.999, sched
             mi.mul_(b1).add_(grad, alpha=1 - b1)
             vi.mul_(b2).addcmul_(grad, grad, value=1 - b2)
             denom = (vi / (1 - b2 ** (t + 1))).sqrt_().add_(1e-8)
-            step = (lr / (1 - b1 ** (t + 1))) * mult[idx]
+            step = lr * mult[idx]
+            if nesterov:  # NAdam: the next step's momentum plus this gradient's share
+                mhat = b1 * mi / (1 - b1 ** (t + 2)) + (1 - b1) * grad / (1 - b1 ** (t + 1))
+            else:
+                mhat = mi / (1 - b1 ** (t + 1))
             m[idx], v[idx] = mi, vi
-            xa[idx] = (xi.detach() - _bc(step, mi) * mi / denom).clamp_(0, 1)
+            xa[idx] = (xi.detach() - _bc(step, mi) * mhat / denom).clamp_(0, 1)
             active[idx[err < tol]] = False
             if not active.any():
                 break
+    _GATE.update(k=0, idx=None)
     if best:
         with torch.no_grad():
             last = _per_sample_error(front(xa), target)
@@ -248,6 +290,7 @@ def adam_variant(front, x, steps=200, lr0=0.1, lr1=0.01, b1=0.9, b2=0.999, sched
     with torch.no_grad():
         e = _per_sample_error(front(q), target)
     rms = (q - x).flatten(1).pow(2).mean(1).sqrt()
+    _GATE.update(mode=None, masks=[])
     return float(e.median()), float(e.quantile(0.9)), float(rms.median())
 
 
@@ -266,6 +309,9 @@ VARIANTS = {
     "quiet start 0.1, 0.03 -> 0.01": {"start": "scaled_noise", "start_scale": 0.1, "lr0": 0.03},
     "quiet start 0.03, 0.1 -> 0.01": {"start": "scaled_noise", "start_scale": 0.03},
     "quiet start 0.2, 0.05 -> 0.01": {"start": "scaled_noise", "start_scale": 0.2, "lr0": 0.05},
+    "NAdam (Nesterov momentum)": {"nesterov": True},
+    "inner gradient 1 where IRI or source unit on": {"gate": "union"},
+    "inner gradient 1 where source unit on": {"gate": "source"},
 }  # fmt: skip
 
 

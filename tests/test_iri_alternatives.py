@@ -1,0 +1,61 @@
+"""validation/iri_alternatives.py's loop: its default reproduces generate_iris, and its
+source-gated variants run (the page's table of variants depends on both)."""
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from stitchlab import generate_iris
+from stitchlab._memory_format import mode
+
+_validation = Path(__file__).parents[1] / "validation"
+sys.path.insert(0, str(_validation))  # the scripts import their shared helpers (_common)
+_spec = importlib.util.spec_from_file_location(
+    "iri_alternatives", _validation / "iri_alternatives.py"
+)
+alternatives = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(alternatives)
+
+
+def _net() -> nn.Module:
+    torch.manual_seed(0)
+    net = nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
+        nn.Conv2d(8, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
+        nn.Conv2d(8, 8, 3, padding=1), nn.ReLU(),
+    )  # fmt: skip
+    for m in net:
+        if isinstance(m, nn.BatchNorm2d):
+            m.running_mean.uniform_(-0.2, 0.2)
+            m.running_var.uniform_(0.5, 1.5)
+    return net.eval()
+
+
+def test_default_variant_reproduces_generate_iris():
+    net = _net()
+    x = torch.rand(6, 3, 12, 12, generator=torch.Generator().manual_seed(1))
+    with mode("0"):  # both in NCHW, so the two loops round alike
+        ref = generate_iris(net, "5", x, steps=30, seed=0)
+        front = alternatives.annealable_front(net, "5")
+        med, p90, rms = alternatives.adam_variant(front, x, steps=30)
+    assert med == pytest.approx(float(ref.rel_error.median()), abs=1e-4)
+    assert p90 == pytest.approx(float(ref.rel_error.quantile(0.9)), abs=1e-4)
+    assert med < 0.5  # it optimised: 30 steps from uniform noise
+
+
+@pytest.mark.parametrize("kw", [{"gate": "union"}, {"gate": "source"}, {"nesterov": True}])
+def test_variants_run_and_leave_the_front_plain(kw):
+    net = _net()
+    x = torch.rand(4, 3, 12, 12, generator=torch.Generator().manual_seed(2))
+    front = alternatives.annealable_front(net, "5")
+    med, p90, rms = alternatives.adam_variant(front, x, steps=10, **kw)
+    assert 0 <= med <= p90 and rms > 0
+    assert alternatives._GATE["mode"] is None and not alternatives._GATE["masks"]
+    # the same front afterwards is the plain surrogate again
+    med2, *_ = alternatives.adam_variant(front, x, steps=10)
+    med3, *_ = alternatives.adam_variant(alternatives.annealable_front(net, "5"), x, steps=10)
+    assert med2 == med3
