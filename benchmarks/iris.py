@@ -14,6 +14,7 @@ small CNN: seconds and median error, same run.
 
     python benchmarks/iris.py [--width 16] [--batch 128] [--steps 20] [--tables quality]
     python benchmarks/iris.py --tables memory   # channels-last against contiguous
+    python benchmarks/iris.py --tables amp      # bfloat16 autocast against float32
     python benchmarks/iris.py --config CONFIG --store STORE --front seed1 [--repeats 2]
 
 The second form times the paper's recipe against the default on a trained front of an
@@ -143,6 +144,36 @@ def measure_memory_format(width: int = 16, batch: int = 128, steps: int = 20, re
     return rows
 
 
+def measure_amp(width: int = 16, batch: int = 128, steps: int = 20, repeats: int = 3):
+    """Per front and point: seconds of the default recipe's IRIs (``steps`` steps, no early
+    stop, one batch) in float32 (the baseline) and under bfloat16 autocast (the recipe's
+    ``amp="bf16"``), each the fastest of ``repeats`` interleaved runs, and both median
+    errors: whether cheaper arithmetic could buy the default more steps on this CPU."""
+    torch.manual_seed(0)
+    nets = {
+        f"resnet18 w{width}": models.create("resnet18", width=width).eval(),
+        "small_cnn w16": models.create("small_cnn", width=16).eval(),
+    }
+    x, _ = shapes(batch, seed=0)
+    rows = []
+    for name, net in nets.items():
+        for point in sl.stitch_points(net)[:-1]:
+            sec, res = {}, {}
+            for _ in range(repeats):
+                for amp in ("off", "bf16"):
+                    t0 = time.perf_counter()
+                    res[amp] = generate_iris(net, point, x, steps=steps, tolerance=None, amp=amp)
+                    sec[amp] = min(sec.get(amp, math.inf), time.perf_counter() - t0)
+            rows.append({
+                "front": name, "point": point,
+                "float32 s": f"{sec['off']:.2f}", "bf16 s": f"{sec['bf16']:.2f}",
+                "speed-up": f"{sec['off'] / sec['bf16']:.2f}x",
+                "median error (float32 / bf16)": f"{res['off'].quality().median_error:.4f} / "
+                f"{res['bf16'].quality().median_error:.4f}",
+            })  # fmt: skip
+    return rows
+
+
 def _quality_rows(model, src, points, presets, repeats: int) -> list[dict]:
     """Seconds and median error of each preset's IRIs of ``src`` at each point, each
     preset's fastest of ``repeats`` interleaved runs; the last preset against the first."""
@@ -213,8 +244,9 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=3, help="time-to-quality runs per recipe")
     ap.add_argument(
-        "--tables", choices=("both", "released", "quality", "memory"), default="both",
-        help="released-loop table, time-to-quality table, both, or the memory-format table",
+        "--tables", choices=("both", "released", "quality", "memory", "amp"), default="both",
+        help="released-loop table, time-to-quality table, both, the memory-format table, or "
+        "bfloat16 autocast against float32",
     )  # fmt: skip
     ap.add_argument("--config", help="time to quality on a stored front of this experiment")
     ap.add_argument("--store", help="with --config: its store")
@@ -242,6 +274,14 @@ def main() -> None:
         )
         rows = measure_memory_format(args.width, args.batch, args.steps, args.repeats)
         print(markdown_table(rows))
+        return
+    if args.tables == "amp":
+        print(
+            f"Arithmetic: the default recipe's IRIs, {args.steps} steps without early stop, "
+            f"batch {args.batch}, {args.threads} threads, fastest of {args.repeats} "
+            "interleaved runs; float32 is the baseline"
+        )
+        print(markdown_table(measure_amp(args.width, args.batch, args.steps, args.repeats)))
         return
     if args.tables in ("both", "released"):
         print(
