@@ -315,8 +315,13 @@ VARIANTS = {
 }  # fmt: skip
 
 
-def variants(raw, store: Path, cells: list[tuple[str, str]], n: int) -> None:
-    """Print the table of :data:`VARIANTS` at each (front, point) on ``n`` images."""
+def variants(raw, store: Path, cells: list[tuple[str, str]], n: int,
+             names: list[str] | None = None) -> None:  # fmt: skip
+    """Print the table of :data:`VARIANTS` (or only ``names``) at each (front, point) on
+    ``n`` images."""
+    unknown = sorted(set(names or []) - set(VARIANTS))
+    if unknown:
+        raise SystemExit(f"unknown variant(s) {unknown}; the names are {list(VARIANTS)}")
     print("| front | point | variant | median / p90 after uint8 | pixel RMS | seconds |")
     print("|---|---|---|---|---|---|")
     loaded = {}
@@ -326,6 +331,8 @@ def variants(raw, store: Path, cells: list[tuple[str, str]], n: int) -> None:
         model, x = loaded[name]
         front = annealable_front(model, point)
         for label, kw in VARIANTS.items():
+            if names and label not in names:
+                continue
             t0 = time.perf_counter()
             med, p90, rms = adam_variant(front, x, **kw)
             print(f"| {name} | {point} | {label} | {med:.4f} / {p90:.4f} | {rms:.3f} | "
@@ -341,13 +348,15 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=32)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--variants", default="", help="FRONT:POINT,...: the default loop's variants")
+    ap.add_argument("--only", default="", help="with --variants: these variants (;-separated)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     raw = with_fingerprints(load_config(args.config).raw)
     if args.variants:
         cells = [tuple(c.split(":")) for c in args.variants.split(",")]
         print(f"commit {script_commit()}; {args.n} images, 200 steps, 1 run per variant")
-        variants(raw, Path(args.store), cells, args.n)
+        variants(raw, Path(args.store), cells, args.n,
+                 [v for v in args.only.split(";") if v] or None)  # fmt: skip
         return
     print(f"commit {script_commit()}; {args.front} at {args.point}, {args.n} images, 200 "
           "evaluations (Levenberg-Marquardt: about 2 per CG iteration)")
