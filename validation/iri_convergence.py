@@ -120,7 +120,7 @@ def study(
                     seconds = time.perf_counter() - t0
                     q = res.quality()
                     rows.append({
-                        "front": front_name, "point": point, "ends_in_relu": relu,
+                        "n": n, "front": front_name, "point": point, "ends_in_relu": relu,
                         "recipe": recipe, "steps": k, "median_error": q.median_error,
                         "p90_error": q.p90_error, "null_median": q.null_median,
                         "null_ratio": q.null_ratio, "seconds": seconds,
@@ -143,8 +143,13 @@ def write_csv(rows: list[dict], path: Path) -> None:
         w.writerows(rows)
 
 
-def figure(rows: list[dict], path: Path, title: str) -> None:
-    """Median error against steps and against seconds, per recipe, one row per front."""
+#: Errors below this are drawn at it (a log axis has no 0; the tables give the values).
+FLOOR = 1e-4
+
+
+def figure(rows: list[dict], path: Path, title: str, n: int | None = None) -> None:
+    """Median error against seconds (one marker per step budget), per recipe, one row of
+    panels per front; ``n``: the IRIs per run, for the axis label."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -166,7 +171,8 @@ def figure(rows: list[dict], path: Path, title: str) -> None:
                        (front, point, recipe)]  # fmt: skip
                 if not sel:
                     continue
-                ax.plot([r["seconds"] for r in sel], [r["median_error"] for r in sel],
+                ax.plot([r["seconds"] for r in sel],
+                        [max(r["median_error"], FLOOR) for r in sel],
                         marker="o", ms=3, color=colours(c), label=recipe)  # fmt: skip
                 null = sel[0]["null_median"]
             if null:
@@ -180,10 +186,10 @@ def figure(rows: list[dict], path: Path, title: str) -> None:
             if j == 0:
                 ax.set_ylabel("median rel. error")
             if i == len(fronts) - 1:
-                ax.set_xlabel("seconds (64 IRIs)")
+                ax.set_xlabel(f"seconds ({n} IRIs)" if n else "seconds")
     handles, labels = axes[0][0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="lower center", ncol=4, fontsize=7, frameon=False)
-    fig.suptitle(title, fontsize=9)
+    fig.suptitle(f"{title} (errors below {FLOOR:g} drawn at it)", fontsize=9)
     fig.tight_layout(rect=(0, 0.08, 1, 0.97))
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
@@ -198,6 +204,8 @@ def read_csv(path: Path) -> list[dict]:
                       "dead_in_iri", "pixel_rms"):  # fmt: skip
                 r[k] = float(r[k]) if r.get(k) not in (None, "") else None
             r["steps"] = int(r["steps"])
+            if r.get("n"):
+                r["n"] = int(r["n"])
             rows.append(r)
     return rows
 
@@ -247,7 +255,7 @@ def main() -> None:
     p.add_argument("--store")
     p.add_argument("--out")
     p.add_argument("--tables", default=None, help="print the page's tables from this CSV")
-    p.add_argument("--n", type=int, default=64)
+    p.add_argument("--n", type=int, default=None, help="IRIs per run (default 64)")
     p.add_argument("--steps", default="50,100,200")
     p.add_argument("--recipes", default=",".join(RECIPES))
     p.add_argument("--figure", default=None, help="PNG path for the figure")
@@ -258,13 +266,14 @@ def main() -> None:
         rows = read_csv(Path(args.tables))
         print(tables(rows))
         if args.figure:
-            figure(rows, Path(args.figure), "IRI convergence")
+            figure(rows, Path(args.figure), "IRI convergence", rows[0].get("n") or args.n)
         return
     recipes = [r for r in args.recipes.split(",") if r]
     unknown = [r for r in recipes if r not in RECIPES]
     if unknown:
         raise SystemExit(f"unknown recipe(s) {unknown}; the names (comma-separated) are "
                          f"{list(RECIPES)}")  # fmt: skip
+    args.n = args.n or 64
     torch.set_num_threads(args.threads)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True, cwd=Path(__file__).parent).stdout.strip()  # fmt: skip
@@ -275,7 +284,7 @@ def main() -> None:
                  [f for f in args.fronts.split(",") if f] or None)  # fmt: skip
     write_csv(rows, Path(args.out) / "iri_convergence.csv")
     if args.figure:
-        figure(rows, Path(args.figure), f"IRI convergence: {Path(args.config).stem}")
+        figure(rows, Path(args.figure), f"IRI convergence: {Path(args.config).stem}", args.n)
     print(f"done in {time.perf_counter() - t0:.0f} s", flush=True)
 
 
