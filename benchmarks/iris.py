@@ -111,36 +111,48 @@ def measure_iris(width: int = 16, batch: int = 128, steps: int = 20, ks=(1, 5, 9
     return rows
 
 
-def measure_memory_format(width: int = 16, batch: int = 128, steps: int = 20, repeats: int = 3):
-    """Per front: seconds of the default recipe's IRIs (``steps`` steps, no early stop, one
-    batch) with the front's activations contiguous (NCHW, the baseline) and channels-last
-    (NHWC, stitchlab's choice on the CPU), each layout's fastest of ``repeats`` interleaved
-    runs; and how far the two sets of IRIs are apart (the same optimisation up to rounding)."""
+def _two_settings(width: int, batch: int, repeats: int, run, settings: tuple[str, str]):
+    """Per random-weight front (a ResNet-18 of ``width`` and a small CNN) and stitch point:
+    ``run(net, point, x, setting)`` under each of ``settings``, interleaved ``repeats``
+    times; yields (front, point, fastest seconds by setting, results by setting)."""
     torch.manual_seed(0)
     nets = {
         f"resnet18 w{width}": models.create("resnet18", width=width).eval(),
         "small_cnn w16": models.create("small_cnn", width=16).eval(),
     }
     x, _ = shapes(batch, seed=0)
-    rows = []
     for name, net in nets.items():
         for point in sl.stitch_points(net)[:-1]:
             sec, res = {}, {}
             for _ in range(repeats):
-                for mode in ("0", "auto"):
-                    with memory_format_mode(mode):
-                        t0 = time.perf_counter()
-                        res[mode] = generate_iris(net, point, x, steps=steps, tolerance=None)
-                    sec[mode] = min(sec.get(mode, math.inf), time.perf_counter() - t0)
-            a, b = res["0"], res["auto"]
-            rows.append({
-                "front": name, "point": point,
-                "contiguous s": f"{sec['0']:.2f}", "channels-last s": f"{sec['auto']:.2f}",
-                "speed-up": f"{sec['0'] / sec['auto']:.2f}x",
-                "median error (contiguous / channels-last)":
-                    f"{a.quality().median_error:.4f} / {b.quality().median_error:.4f}",
-                "IRI pixels differing": f"{(a.iris != b.iris).float().mean().item():.2%}",
-            })  # fmt: skip
+                for setting in settings:
+                    t0 = time.perf_counter()
+                    res[setting] = run(net, point, x, setting)
+                    sec[setting] = min(sec.get(setting, math.inf), time.perf_counter() - t0)
+            yield name, point, sec, res
+
+
+def measure_memory_format(width: int = 16, batch: int = 128, steps: int = 20, repeats: int = 3):
+    """Per front: seconds of the default recipe's IRIs (``steps`` steps, no early stop, one
+    batch) with the front's activations contiguous (NCHW, the baseline) and channels-last
+    (NHWC, stitchlab's choice on the CPU), each layout's fastest of ``repeats`` interleaved
+    runs; and how far the two sets of IRIs are apart (the same optimisation up to rounding)."""
+
+    def run(net, point, x, layout):
+        with memory_format_mode(layout):
+            return generate_iris(net, point, x, steps=steps, tolerance=None)
+
+    rows = []
+    for name, point, sec, res in _two_settings(width, batch, repeats, run, ("0", "auto")):
+        a, b = res["0"], res["auto"]
+        rows.append({
+            "front": name, "point": point,
+            "contiguous s": f"{sec['0']:.2f}", "channels-last s": f"{sec['auto']:.2f}",
+            "speed-up": f"{sec['0'] / sec['auto']:.2f}x",
+            "median error (contiguous / channels-last)":
+                f"{a.quality().median_error:.4f} / {b.quality().median_error:.4f}",
+            "IRI pixels differing": f"{(a.iris != b.iris).float().mean().item():.2%}",
+        })  # fmt: skip
     return rows
 
 
@@ -149,28 +161,19 @@ def measure_amp(width: int = 16, batch: int = 128, steps: int = 20, repeats: int
     stop, one batch) in float32 (the baseline) and under bfloat16 autocast (the recipe's
     ``amp="bf16"``), each the fastest of ``repeats`` interleaved runs, and both median
     errors: whether cheaper arithmetic could buy the default more steps on this CPU."""
-    torch.manual_seed(0)
-    nets = {
-        f"resnet18 w{width}": models.create("resnet18", width=width).eval(),
-        "small_cnn w16": models.create("small_cnn", width=16).eval(),
-    }
-    x, _ = shapes(batch, seed=0)
+
+    def run(net, point, x, amp):
+        return generate_iris(net, point, x, steps=steps, tolerance=None, amp=amp)
+
     rows = []
-    for name, net in nets.items():
-        for point in sl.stitch_points(net)[:-1]:
-            sec, res = {}, {}
-            for _ in range(repeats):
-                for amp in ("off", "bf16"):
-                    t0 = time.perf_counter()
-                    res[amp] = generate_iris(net, point, x, steps=steps, tolerance=None, amp=amp)
-                    sec[amp] = min(sec.get(amp, math.inf), time.perf_counter() - t0)
-            rows.append({
-                "front": name, "point": point,
-                "float32 s": f"{sec['off']:.2f}", "bf16 s": f"{sec['bf16']:.2f}",
-                "speed-up": f"{sec['off'] / sec['bf16']:.2f}x",
-                "median error (float32 / bf16)": f"{res['off'].quality().median_error:.4f} / "
-                f"{res['bf16'].quality().median_error:.4f}",
-            })  # fmt: skip
+    for name, point, sec, res in _two_settings(width, batch, repeats, run, ("off", "bf16")):
+        rows.append({
+            "front": name, "point": point,
+            "float32 s": f"{sec['off']:.2f}", "bf16 s": f"{sec['bf16']:.2f}",
+            "speed-up": f"{sec['off'] / sec['bf16']:.2f}x",
+            "median error (float32 / bf16)": f"{res['off'].quality().median_error:.4f} / "
+            f"{res['bf16'].quality().median_error:.4f}",
+        })  # fmt: skip
     return rows
 
 

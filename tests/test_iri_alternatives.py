@@ -1,24 +1,15 @@
 """validation/iri_alternatives.py's loop: its default reproduces generate_iris, and its
 source-gated variants run (the page's table of variants depends on both)."""
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 from torch import nn
 
+from _scripts import validation_script
 from stitchlab import generate_iris
 from stitchlab._memory_format import mode
 
-_validation = Path(__file__).parents[1] / "validation"
-sys.path.insert(0, str(_validation))  # the scripts import their shared helpers (_common)
-_spec = importlib.util.spec_from_file_location(
-    "iri_alternatives", _validation / "iri_alternatives.py"
-)
-alternatives = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(alternatives)
+alternatives = validation_script("iri_alternatives")
 
 
 def _net() -> nn.Module:

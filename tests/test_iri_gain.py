@@ -1,19 +1,14 @@
 """validation/iri_gain.py's steepness measure: known answers on hand-built fronts."""
 
-import importlib.util
 import math
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 from torch import nn
 
-_validation = Path(__file__).parents[1] / "validation"
-sys.path.insert(0, str(_validation))  # the scripts import their shared helpers (_common)
-_spec = importlib.util.spec_from_file_location("iri_gain", _validation / "iri_gain.py")
-iri_gain = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(iri_gain)
+from _scripts import validation_script
+
+iri_gain = validation_script("iri_gain")
 
 
 def test_identity_front_moves_by_the_noise_rms():

@@ -1,17 +1,11 @@
 """validation/iri_residual.py's split of the squared residual: hand-computed values."""
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
-_validation = Path(__file__).parents[1] / "validation"
-sys.path.insert(0, str(_validation))  # the scripts import their shared helpers (_common)
-_spec = importlib.util.spec_from_file_location("iri_residual", _validation / "iri_residual.py")
-iri_residual = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(iri_residual)
+from _scripts import validation_script
+
+iri_residual = validation_script("iri_residual")
 
 
 def test_split_by_unit_state():

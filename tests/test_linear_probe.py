@@ -1,16 +1,11 @@
 """validation/linear_probe.py's probe: known answers and invariances."""
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 import torch
 
-_spec = importlib.util.spec_from_file_location(
-    "linear_probe", Path(__file__).parents[1] / "validation" / "linear_probe.py"
-)
-linear_probe = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(linear_probe)
+from _scripts import validation_script
+
+linear_probe = validation_script("linear_probe")
 
 
 def test_rotated_and_shifted_copy_is_linearly_exact():

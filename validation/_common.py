@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import subprocess
 from pathlib import Path
 
@@ -28,3 +29,22 @@ def model_and_images(
     model = load_model(raw, store, name)
     data = stitch_data(raw, raw["models"][name]["marker"])
     return model, torch.stack([data[i][0] for i in range(min(n, len(data)))])
+
+
+def model_study_args(doc: str, extra=None) -> argparse.Namespace:
+    """The arguments of the scripts that study named models of a config at its points
+    (config, --store, --models, --n, --preset, --threads); ``extra(parser)`` adds more.
+    Sets torch's thread count."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("config")
+    ap.add_argument("--store", required=True, type=Path)
+    ap.add_argument("--models", required=True, help="comma-separated model names of the config")
+    ap.add_argument("--n", type=int, default=32, help="stitching images (default 32)")
+    ap.add_argument("--preset", choices=["default", "paper", "v1"], default="default")
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    if extra is not None:
+        extra(ap)
+    args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    return args

@@ -15,28 +15,16 @@ determining the image.
 
 from __future__ import annotations
 
-import argparse
 import time
-from pathlib import Path
 
-import torch
-from _common import model_and_images, script_commit
+from _common import model_and_images, model_study_args, script_commit
 
 from stitchlab import generate_iris, stitch_points
 from stitchlab.experiments import load_config, with_fingerprints
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("config")
-    ap.add_argument("--store", required=True, type=Path)
-    ap.add_argument("--models", required=True, help="comma-separated model names of the config")
-    ap.add_argument("--n", type=int, default=32, help="stitching images (default 32)")
-    ap.add_argument("--preset", choices=["default", "paper", "v1"], default="default")
-    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
-    args = ap.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    args = model_study_args(__doc__)
     raw = with_fingerprints(load_config(args.config).raw)
     preset = {"preset": args.preset}
     print(f"commit {script_commit()}; {args.n} images; recipe {args.preset}")

@@ -23,12 +23,10 @@ in the IRI.
 
 from __future__ import annotations
 
-import argparse
 import time
-from pathlib import Path
 
 import torch
-from _common import model_and_images, script_commit
+from _common import model_and_images, model_study_args, script_commit
 
 from stitchlab import generate_iris
 from stitchlab.experiments import load_config, with_fingerprints
@@ -57,17 +55,8 @@ def residual_split(source: torch.Tensor, iri: torch.Tensor) -> dict[str, float]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("config")
-    ap.add_argument("--store", required=True, type=Path)
-    ap.add_argument("--models", required=True, help="comma-separated model names of the config")
-    ap.add_argument("--points", default="", help="comma-separated points (default: the config's)")
-    ap.add_argument("--n", type=int, default=32, help="stitching images (default 32)")
-    ap.add_argument("--preset", choices=["default", "paper", "v1"], default="default")
-    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
-    args = ap.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    args = model_study_args(__doc__, lambda ap: ap.add_argument(
+        "--points", default="", help="comma-separated points (default: the config's)"))  # fmt: skip
     exp = load_config(args.config)
     raw = with_fingerprints(exp.raw)
     points = [p for p in args.points.split(",") if p] or next(iter(exp.points.values()))
