@@ -23,8 +23,9 @@ variants of stitchlab's default loop (Adam 0.1 -> 0.01, surrogate inner ReLUs 0.
 tolerance 0.01, 200 steps) that the recipe does not offer: other Adam moments, NAdam, a
 surrogate slope that anneals over the run, a per-sample step multiplier adapted to
 whether the error fell, keeping each sample's best iterate, a cosine schedule, other
-first and last step sizes, quieter starts (Gaussian around mid-grey), and inner ReLU
-gradients gated by where the source's own units are on.
+first and last step sizes, quieter starts (Gaussian around mid-grey), inner ReLU
+gradients gated by where the source's own units are on, and momentum dropped where a
+step leaves the box.
 """
 
 from __future__ import annotations
@@ -227,11 +228,12 @@ def annealable_front(model, point):
 
 def adam_variant(front, x, steps=200, lr0=0.1, lr1=0.01, b1=0.9, b2=0.999, schedule="geom",
                  adapt=None, best=False, slope=(0.1, 0.1), tol=0.01, start="noise",
-                 start_scale=0.003, gate=None,
-                 nesterov=False) -> tuple[float, float, float]:  # fmt: skip
+                 start_scale=0.003, gate=None, nesterov=False,
+                 project=False) -> tuple[float, float, float]:  # fmt: skip
     """stitchlab's default loop with the knobs above; (median, p90 after uint8, median
     pixel RMS distance to the source). With the defaults it reproduces the recipe.
-    ``gate``: "union" or "source" (see ``_GATE``); ``nesterov``: NAdam's look-ahead."""
+    ``gate``: "union" or "source" (see ``_GATE``); ``nesterov``: NAdam's look-ahead;
+    ``project``: zero the momentum of pixels that a step pushes out of the box."""
     gen = _batch_generator(0, 0)  # the noise of generate_iris's first batch, seed 0
     _GATE.update(mode="record" if gate else None, masks=[], k=0, idx=None)
     with torch.no_grad():
@@ -276,8 +278,11 @@ def adam_variant(front, x, steps=200, lr0=0.1, lr1=0.01, b1=0.9, b2=0.999, sched
                 mhat = b1 * mi / (1 - b1 ** (t + 2)) + (1 - b1) * grad / (1 - b1 ** (t + 1))
             else:
                 mhat = mi / (1 - b1 ** (t + 1))
+            new = xi.detach() - _bc(step, mi) * mhat / denom
+            if project:  # a pixel pushed past the box keeps no momentum pointing out of it
+                mi[((new < 0) & (mi > 0)) | ((new > 1) & (mi < 0))] = 0
             m[idx], v[idx] = mi, vi
-            xa[idx] = (xi.detach() - _bc(step, mi) * mhat / denom).clamp_(0, 1)
+            xa[idx] = new.clamp_(0, 1)
             active[idx[err < tol]] = False
             if not active.any():
                 break
@@ -310,6 +315,7 @@ VARIANTS = {
     "quiet start 0.03, 0.1 -> 0.01": {"start": "scaled_noise", "start_scale": 0.03},
     "quiet start 0.2, 0.05 -> 0.01": {"start": "scaled_noise", "start_scale": 0.2, "lr0": 0.05},
     "NAdam (Nesterov momentum)": {"nesterov": True},
+    "no momentum out of the box": {"project": True},
     "inner gradient 1 where IRI or source unit on": {"gate": "union"},
     "inner gradient 1 where source unit on": {"gate": "source"},
 }  # fmt: skip
