@@ -38,7 +38,9 @@ def test_default_variant_reproduces_generate_iris():
     assert med < 0.5  # it optimised: 30 steps from uniform noise
 
 
-@pytest.mark.parametrize("kw", [{"gate": "union"}, {"gate": "source"}, {"nesterov": True}, {"project": True}])
+@pytest.mark.parametrize(
+    "kw", [{"gate": "union"}, {"gate": "source"}, {"nesterov": True}, {"project": True}]
+)
 def test_variants_run_and_leave_the_front_plain(kw):
     net = _net()
     x = torch.rand(4, 3, 12, 12, generator=torch.Generator().manual_seed(2))
