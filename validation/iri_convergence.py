@@ -67,11 +67,12 @@ RECIPES = {
 
 
 def _dead_in_iri(front: torch.nn.Module, x: torch.Tensor, iris: torch.Tensor) -> float:
-    """Fraction of units active (> 0) in the source's activation that are 0 in the IRI's."""
+    """Fraction of units active (> 0) in the source's activation that are 0 in the IRI's
+    (:func:`iri_residual.residual_split`'s ``dead_units``)."""
+    from iri_residual import residual_split
+
     with torch.no_grad():
-        a, b = front(x), front(iris)
-    alive = a > 0
-    return float(((b <= 0) & alive).sum() / alive.sum().clamp_min(1))
+        return residual_split(front(x), front(iris))["dead_units"]
 
 
 def _ends_in_relu(model: torch.nn.Module, point: str) -> bool:
