@@ -15,6 +15,7 @@ small CNN: seconds and median error, same run.
     python benchmarks/iris.py [--width 16] [--batch 128] [--steps 20] [--tables quality]
     python benchmarks/iris.py --tables memory   # channels-last against contiguous
     python benchmarks/iris.py --tables amp      # bfloat16 autocast against float32
+    python benchmarks/iris.py --tables fold     # BatchNorm folded into the convs, or not
     python benchmarks/iris.py --config CONFIG --store STORE --front seed1 [--repeats 2]
 
 The second form times the paper's recipe against the default on a trained front of an
@@ -32,6 +33,8 @@ import torch
 
 import stitchlab as sl
 from stitchlab import models
+from stitchlab._batchnorm import folded
+from stitchlab._batchnorm import mode as fold_mode
 from stitchlab._memory_format import memory_format_for
 from stitchlab._memory_format import mode as memory_format_mode
 from stitchlab.data import shapes
@@ -66,9 +69,11 @@ def released_loop(front_model, back_model, point, x, steps, step_size, seed):
 
 
 def prefix_limit(model, point, x, steps):
-    """Seconds of ``steps`` forward+backward passes of the prefix alone, in the memory
-    layout stitchlab runs it in (channels-last on the CPU: stitchlab._memory_format)."""
+    """Seconds of ``steps`` forward+backward passes of the prefix alone, as stitchlab runs
+    it: eval-mode BatchNorm folded into the convolutions (stitchlab._batchnorm), in
+    channels-last memory layout on the CPU (stitchlab._memory_format)."""
     front = copy.deepcopy(sl.split(model, point)[0]).eval().requires_grad_(False)
+    front, _ = folded(front, x)
     xa = x.clone().contiguous(memory_format=memory_format_for(front, x)).requires_grad_(True)
     with torch.no_grad():
         grad_out = torch.randn_like(front(x))
@@ -177,6 +182,28 @@ def measure_amp(width: int = 16, batch: int = 128, steps: int = 20, repeats: int
     return rows
 
 
+def measure_fold(width: int = 16, batch: int = 128, steps: int = 20, repeats: int = 3):
+    """Per front and point: seconds of the default recipe's IRIs (``steps`` steps, no early
+    stop, one batch) with the front's eval-mode BatchNorms as they are (the baseline) and
+    folded into the convolutions before them (stitchlab's choice, stitchlab._batchnorm),
+    each the fastest of ``repeats`` interleaved runs, and both median errors."""
+
+    def run(net, point, x, fold):
+        with fold_mode(fold):
+            return generate_iris(net, point, x, steps=steps, tolerance=None)
+
+    rows = []
+    for name, point, sec, res in _two_settings(width, batch, repeats, run, ("0", "auto")):
+        rows.append({
+            "front": name, "point": point,
+            "as is s": f"{sec['0']:.2f}", "folded s": f"{sec['auto']:.2f}",
+            "speed-up": f"{sec['0'] / sec['auto']:.2f}x",
+            "median error (as is / folded)": f"{res['0'].quality().median_error:.4f} / "
+            f"{res['auto'].quality().median_error:.4f}",
+        })  # fmt: skip
+    return rows
+
+
 def _quality_rows(model, src, points, presets, repeats: int) -> list[dict]:
     """Seconds and median error of each preset's IRIs of ``src`` at each point, each
     preset's fastest of ``repeats`` interleaved runs; the last preset against the first."""
@@ -247,9 +274,10 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=3, help="time-to-quality runs per recipe")
     ap.add_argument(
-        "--tables", choices=("both", "released", "quality", "memory", "amp"), default="both",
-        help="released-loop table, time-to-quality table, both, the memory-format table, or "
-        "bfloat16 autocast against float32",
+        "--tables", choices=("both", "released", "quality", "memory", "amp", "fold"),
+        default="both",
+        help="released-loop table, time-to-quality table, both, the memory-format table, "
+        "bfloat16 autocast against float32, or BatchNorm folded against as it is",
     )  # fmt: skip
     ap.add_argument("--config", help="time to quality on a stored front of this experiment")
     ap.add_argument("--store", help="with --config: its store")
@@ -285,6 +313,14 @@ def main() -> None:
             "interleaved runs; float32 is the baseline"
         )
         print(markdown_table(measure_amp(args.width, args.batch, args.steps, args.repeats)))
+        return
+    if args.tables == "fold":
+        print(
+            f"BatchNorm: the default recipe's IRIs, {args.steps} steps without early stop, "
+            f"batch {args.batch}, {args.threads} threads, fastest of {args.repeats} "
+            "interleaved runs; BatchNorm as it is is the baseline"
+        )
+        print(markdown_table(measure_fold(args.width, args.batch, args.steps, args.repeats)))
         return
     if args.tables in ("both", "released"):
         print(

@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.data import Dataset
 
+from ._batchnorm import folded
 from ._data import DataLike, _module_device, as_dataset, batches, check_images, check_options
 from ._memory_format import memory_format_for
 from .splitting import split
@@ -714,7 +715,9 @@ def generate_iris(
             signed steps use 1/255 at 32x32: ``preset="paper"``).
         seed: seed of the noise start; the result is deterministic for a seed (on one
             machine and memory format: a convolutional front runs channels-last on the
-            CPU, see :mod:`stitchlab._memory_format`, which changes only the rounding).
+            CPU, see :mod:`stitchlab._memory_format`, with its eval-mode BatchNorms folded
+            into the convolutions, see :mod:`stitchlab._batchnorm`; both change only the
+            rounding).
         device: where to run (default: the model's device).
         leaf_modules: module classes not to trace into (see :func:`stitchlab.split`).
         output: which element of ``model``'s output is the logits (tuple/dict outputs).
@@ -739,8 +742,10 @@ def generate_iris(
         sources = [torch.cat(sources)]
     out = []
     x_all = sources[0]
-    # the front's memory format (converted in place), from a trial on two sources
-    fmt = memory_format_for(front, x_all[:2].to(dev)) if len(x_all) else torch.contiguous_format
+    fmt = torch.contiguous_format
+    if len(x_all):  # BatchNorm folded, then the memory format: each from a trial on two sources
+        front, _ = folded(front, x_all[:2].to(dev))
+        fmt = memory_format_for(front, x_all[:2].to(dev))
     for i in range(0, x_all.shape[0], rec.batch_size):
         x = x_all[i : i + rec.batch_size].to(dev)
         out.append(_run_batch(front, x, rec, seed, i, fmt))
@@ -1009,7 +1014,8 @@ def _fill_iris_set(
         offset = lo_i
         for x, y in batches(subset, rec.batch_size, dev):
             _check_images(x, rec.box)  # outside the box they would be silently clamped
-            if fmt is None:  # converts the front in place where channels-last is chosen
+            if fmt is None:  # BatchNorm folded, and channels-last (in place) where chosen
+                front, meta["batchnorm_folded"] = folded(front, x)
                 fmt = memory_format_for(front, x)
                 cl = fmt == torch.channels_last
                 meta["memory_format"] = "channels_last" if cl else "contiguous"
