@@ -39,8 +39,10 @@ def test_default_variant_reproduces_generate_iris():
 
 
 @pytest.mark.parametrize(
-    "kw", [{"gate": "union"}, {"gate": "source"}, {"nesterov": True}, {"project": True}]
-)
+    "kw",
+    [{"gate": "union"}, {"gate": "source"}, {"nesterov": True}, {"project": True},
+     {"weight": ("location", 0.5)}, {"weight": ("unit", 1.0)}],
+)  # fmt: skip
 def test_variants_run_and_leave_the_front_plain(kw):
     net = _net()
     x = torch.rand(4, 3, 12, 12, generator=torch.Generator().manual_seed(2))
@@ -52,3 +54,11 @@ def test_variants_run_and_leave_the_front_plain(kw):
     med2, *_ = alternatives.adam_variant(front, x, steps=10)
     med3, *_ = alternatives.adam_variant(alternatives.annealable_front(net, "5"), x, steps=10)
     assert med2 == med3
+
+
+def test_residual_weight_hand_computed():
+    # channel energies 1 and 9, mean 5: weights 1/6 and 1/14, normalised to mean 1
+    target = torch.tensor([[[[1.0, -1.0]], [[3.0, 3.0]]]])
+    w = alternatives._residual_weight(target, "channel", 1.0)
+    assert w.flatten().tolist() == pytest.approx([1.4, 0.6])
+    assert alternatives._residual_weight(target, "unit", 0.0).flatten().tolist() == [1.0] * 4

@@ -24,8 +24,9 @@ tolerance 0.01, 200 steps) that the recipe does not offer: other Adam moments, N
 surrogate slope that anneals over the run, a per-sample step multiplier adapted to
 whether the error fell, keeping each sample's best iterate, a cosine schedule, other
 first and last step sizes, quieter starts (Gaussian around mid-grey), inner ReLU
-gradients gated by where the source's own units are on, and momentum dropped where a
-step leaves the box.
+gradients gated by where the source's own units are on, momentum dropped where a
+step leaves the box, and the residual's gradient weighted towards low-energy channels,
+map positions or units (an output-side preconditioner).
 """
 
 from __future__ import annotations
@@ -226,20 +227,33 @@ def annealable_front(model, point):
     return front
 
 
+def _residual_weight(target: torch.Tensor, kind: str, power: float) -> torch.Tensor:
+    """Weights of the residual's gradient for ``adam_variant(weight=(kind, power))``."""
+    t2 = target.float().pow(2)
+    dims = {"channel": (0, 2, 3), "location": (1,), "unit": (0,)}[kind]
+    energy = t2.mean(dims, keepdim=True)
+    w = (energy + energy.mean()).reciprocal().pow(power)
+    return w / w.mean()
+
+
 def adam_variant(front, x, steps=200, lr0=0.1, lr1=0.01, b1=0.9, b2=0.999, schedule="geom",
                  adapt=None, best=False, slope=(0.1, 0.1), tol=0.01, start="noise",
-                 start_scale=0.003, gate=None, nesterov=False,
-                 project=False) -> tuple[float, float, float]:  # fmt: skip
+                 start_scale=0.003, gate=None, nesterov=False, project=False,
+                 weight=None) -> tuple[float, float, float]:  # fmt: skip
     """stitchlab's default loop with the knobs above; (median, p90 after uint8, median
     pixel RMS distance to the source). With the defaults it reproduces the recipe.
     ``gate``: "union" or "source" (see ``_GATE``); ``nesterov``: NAdam's look-ahead;
-    ``project``: zero the momentum of pixels that a step pushes out of the box."""
+    ``project``: zero the momentum of pixels that a step pushes out of the box;
+    ``weight``: (``"channel"``, ``"location"`` or ``"unit"``, power): weight the residual's
+    gradient by 1 / (the target's mean square energy per channel, per map position or per
+    unit, plus its mean) to that power, normalised to mean 1 (the error stays unweighted)."""
     gen = _batch_generator(0, 0)  # the noise of generate_iris's first batch, seed 0
     _GATE.update(mode="record" if gate else None, masks=[], k=0, idx=None)
     with torch.no_grad():
         target = front(x).float()
     _GATE["mode"] = gate
     tn = target.flatten(1).norm(dim=1).clamp_min(1e-12)
+    w = _residual_weight(target, *weight) if weight else None
     xa = _start(x, IRIRecipe(start=start, start_scale=start_scale), gen).clamp(0, 1)
     m, v = torch.zeros_like(xa), torch.zeros_like(xa)
     n = x.shape[0]
@@ -258,6 +272,8 @@ def adam_variant(front, x, steps=200, lr0=0.1, lr1=0.01, b1=0.9, b2=0.999, sched
         xi = xa[idx].detach().requires_grad_(True)
         f = front(xi)
         err, g = _error_and_grad(f, target[idx], tn[idx])
+        if w is not None:
+            g = g * (w if w.shape[0] == 1 else w[idx])
         (grad,) = torch.autograd.grad(f, xi, grad_outputs=g)
         with torch.no_grad():
             if best:
@@ -319,6 +335,10 @@ VARIANTS = {
     "Adam beta1 0.98": {"b1": 0.98},
     "beta1 0.95, 0.05 -> 0.005": {"b1": 0.95, "lr0": 0.05, "lr1": 0.005},
     "beta1 0.95, beta2 0.99": {"b1": 0.95, "b2": 0.99},
+    "residual weighted 1/channel energy": {"weight": ("channel", 1.0)},
+    "residual weighted 1/position energy ^0.5": {"weight": ("location", 0.5)},
+    "residual weighted 1/position energy": {"weight": ("location", 1.0)},
+    "residual weighted 1/unit energy ^0.5": {"weight": ("unit", 0.5)},
     "no momentum out of the box": {"project": True},
     "inner gradient 1 where IRI or source unit on": {"gate": "union"},
     "inner gradient 1 where source unit on": {"gate": "source"},
