@@ -161,6 +161,21 @@ def measure_memory_format(width: int = 16, batch: int = 128, steps: int = 20, re
     return rows
 
 
+def _setting_rows(width, batch, repeats, run, settings, labels) -> list[dict]:
+    """Rows of :func:`_two_settings`: each setting's seconds (``labels`` name them), the
+    speed-up of the second against the first, and both median errors."""
+    (a, b), (la, lb) = settings, labels
+    rows = []
+    for name, point, sec, res in _two_settings(width, batch, repeats, run, settings):
+        rows.append({
+            "front": name, "point": point, f"{la} s": f"{sec[a]:.2f}", f"{lb} s": f"{sec[b]:.2f}",
+            "speed-up": f"{sec[a] / sec[b]:.2f}x",
+            f"median error ({la} / {lb})": f"{res[a].quality().median_error:.4f} / "
+            f"{res[b].quality().median_error:.4f}",
+        })  # fmt: skip
+    return rows
+
+
 def measure_amp(width: int = 16, batch: int = 128, steps: int = 20, repeats: int = 3):
     """Per front and point: seconds of the default recipe's IRIs (``steps`` steps, no early
     stop, one batch) in float32 (the baseline) and under bfloat16 autocast (the recipe's
@@ -170,16 +185,7 @@ def measure_amp(width: int = 16, batch: int = 128, steps: int = 20, repeats: int
     def run(net, point, x, amp):
         return generate_iris(net, point, x, steps=steps, tolerance=None, amp=amp)
 
-    rows = []
-    for name, point, sec, res in _two_settings(width, batch, repeats, run, ("off", "bf16")):
-        rows.append({
-            "front": name, "point": point,
-            "float32 s": f"{sec['off']:.2f}", "bf16 s": f"{sec['bf16']:.2f}",
-            "speed-up": f"{sec['off'] / sec['bf16']:.2f}x",
-            "median error (float32 / bf16)": f"{res['off'].quality().median_error:.4f} / "
-            f"{res['bf16'].quality().median_error:.4f}",
-        })  # fmt: skip
-    return rows
+    return _setting_rows(width, batch, repeats, run, ("off", "bf16"), ("float32", "bf16"))
 
 
 def measure_fold(width: int = 16, batch: int = 128, steps: int = 20, repeats: int = 3):
@@ -192,16 +198,7 @@ def measure_fold(width: int = 16, batch: int = 128, steps: int = 20, repeats: in
         with fold_mode(fold):
             return generate_iris(net, point, x, steps=steps, tolerance=None)
 
-    rows = []
-    for name, point, sec, res in _two_settings(width, batch, repeats, run, ("0", "auto")):
-        rows.append({
-            "front": name, "point": point,
-            "as is s": f"{sec['0']:.2f}", "folded s": f"{sec['auto']:.2f}",
-            "speed-up": f"{sec['0'] / sec['auto']:.2f}x",
-            "median error (as is / folded)": f"{res['0'].quality().median_error:.4f} / "
-            f"{res['auto'].quality().median_error:.4f}",
-        })  # fmt: skip
-    return rows
+    return _setting_rows(width, batch, repeats, run, ("0", "auto"), ("as is", "folded"))
 
 
 def _quality_rows(model, src, points, presets, repeats: int) -> list[dict]:
@@ -297,30 +294,19 @@ def main() -> None:
         print(markdown_table(rows))
         return
     torch.set_num_threads(args.threads)
-    if args.tables == "memory":
+    settings = {  # table: (what it compares, its baseline, its measurement)
+        "memory": ("Memory format", "contiguous", measure_memory_format),
+        "amp": ("Arithmetic", "float32", measure_amp),
+        "fold": ("BatchNorm", "BatchNorm as it is", measure_fold),
+    }
+    if args.tables in settings:
+        what, baseline, measure = settings[args.tables]
         print(
-            f"Memory format: the default recipe's IRIs, {args.steps} steps without early stop, "
+            f"{what}: the default recipe's IRIs, {args.steps} steps without early stop, "
             f"batch {args.batch}, {args.threads} threads, fastest of {args.repeats} "
-            "interleaved runs; contiguous is the baseline"
+            f"interleaved runs; {baseline} is the baseline"
         )
-        rows = measure_memory_format(args.width, args.batch, args.steps, args.repeats)
-        print(markdown_table(rows))
-        return
-    if args.tables == "amp":
-        print(
-            f"Arithmetic: the default recipe's IRIs, {args.steps} steps without early stop, "
-            f"batch {args.batch}, {args.threads} threads, fastest of {args.repeats} "
-            "interleaved runs; float32 is the baseline"
-        )
-        print(markdown_table(measure_amp(args.width, args.batch, args.steps, args.repeats)))
-        return
-    if args.tables == "fold":
-        print(
-            f"BatchNorm: the default recipe's IRIs, {args.steps} steps without early stop, "
-            f"batch {args.batch}, {args.threads} threads, fastest of {args.repeats} "
-            "interleaved runs; BatchNorm as it is is the baseline"
-        )
-        print(markdown_table(measure_fold(args.width, args.batch, args.steps, args.repeats)))
+        print(markdown_table(measure(args.width, args.batch, args.steps, args.repeats)))
         return
     if args.tables in ("both", "released"):
         print(

@@ -27,13 +27,14 @@ from __future__ import annotations
 import copy
 import os
 from collections import Counter
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 
 import torch
 import torch.fx as fx
 from torch import Tensor, nn
 from torch.nn.utils.fusion import fuse_conv_bn_eval
+
+from ._env import env
 
 ENV = "STITCHLAB_FOLD_BN"
 #: largest relative difference between the folded and unfolded fronts on the trial samples
@@ -52,18 +53,9 @@ def _wanted() -> bool:
     raise ValueError(f"{ENV} must be auto, 1 or 0, got {value!r}")
 
 
-@contextmanager
-def mode(value: str) -> Iterator[None]:
+def mode(value: str) -> AbstractContextManager[None]:
     """Set ``STITCHLAB_FOLD_BN`` for the duration of a block (benchmarks, tests)."""
-    old = os.environ.get(ENV)
-    os.environ[ENV] = value
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop(ENV, None)
-        else:
-            os.environ[ENV] = old
+    return env(ENV, value)
 
 
 def _foldable_pairs(gm: fx.GraphModule) -> list[tuple[fx.Node, fx.Node]]:

@@ -16,11 +16,12 @@ measured case), ``1`` (on every device, e.g. to measure it on a GPU) or ``0`` (n
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 
 import torch
 from torch import Tensor, nn
+
+from ._env import env
 
 ENV = "STITCHLAB_CHANNELS_LAST"
 #: largest relative difference between the two layouts' outputs on the trial samples
@@ -88,16 +89,7 @@ def _convert(module: nn.Module, memory_format: torch.memory_format) -> None:
                 t.data = t.data.contiguous(memory_format=memory_format)
 
 
-@contextmanager
-def mode(value: str) -> Iterator[None]:
+def mode(value: str) -> AbstractContextManager[None]:
     """Run the block with ``STITCHLAB_CHANNELS_LAST=value`` (``"auto"``, ``"1"`` or
     ``"0"``), restoring the variable afterwards (benchmarks compare the two formats)."""
-    before = os.environ.get(ENV)
-    os.environ[ENV] = value
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop(ENV, None)
-        else:
-            os.environ[ENV] = before
+    return env(ENV, value)
