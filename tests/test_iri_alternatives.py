@@ -41,7 +41,7 @@ def test_default_variant_reproduces_generate_iris():
 @pytest.mark.parametrize(
     "kw",
     [{"gate": "union"}, {"gate": "source"}, {"nesterov": True}, {"project": True},
-     {"weight": ("location", 0.5)}, {"weight": ("unit", 1.0)}],
+     {"weight": ("location", 0.5)}, {"weight": ("unit", 1.0)}, {"ema": 0.9}],
 )  # fmt: skip
 def test_variants_run_and_leave_the_front_plain(kw):
     net = _net()

@@ -26,7 +26,8 @@ whether the error fell, keeping each sample's best iterate, a cosine schedule, o
 first and last step sizes, quieter starts (Gaussian around mid-grey), inner ReLU
 gradients gated by where the source's own units are on, momentum dropped where a
 step leaves the box, and the residual's gradient weighted towards low-energy channels,
-map positions or units (an output-side preconditioner).
+map positions or units (an output-side preconditioner), and a moving average of the
+late iterates returned instead of the last one.
 """
 
 from __future__ import annotations
@@ -239,14 +240,16 @@ def _residual_weight(target: torch.Tensor, kind: str, power: float) -> torch.Ten
 def adam_variant(front, x, steps=200, lr0=0.1, lr1=0.01, b1=0.9, b2=0.999, schedule="geom",
                  adapt=None, best=False, slope=(0.1, 0.1), tol=0.01, start="noise",
                  start_scale=0.003, gate=None, nesterov=False, project=False,
-                 weight=None) -> tuple[float, float, float]:  # fmt: skip
+                 weight=None, ema=None) -> tuple[float, float, float]:  # fmt: skip
     """stitchlab's default loop with the knobs above; (median, p90 after uint8, median
     pixel RMS distance to the source). With the defaults it reproduces the recipe.
     ``gate``: "union" or "source" (see ``_GATE``); ``nesterov``: NAdam's look-ahead;
     ``project``: zero the momentum of pixels that a step pushes out of the box;
     ``weight``: (``"channel"``, ``"location"`` or ``"unit"``, power): weight the residual's
     gradient by 1 / (the target's mean square energy per channel, per map position or per
-    unit, plus its mean) to that power, normalised to mean 1 (the error stays unweighted)."""
+    unit, plus its mean) to that power, normalised to mean 1 (the error stays unweighted);
+    ``ema``: return the exponential moving average (this decay) of the iterates of the
+    second half of the run instead of the last iterate (Polyak averaging)."""
     gen = _batch_generator(0, 0)  # the noise of generate_iris's first batch, seed 0
     _GATE.update(mode="record" if gate else None, masks=[], k=0, idx=None)
     with torch.no_grad():
@@ -260,6 +263,7 @@ def adam_variant(front, x, steps=200, lr0=0.1, lr1=0.01, b1=0.9, b2=0.999, sched
     mult, prev = torch.ones(n), torch.full((n,), float("inf"))
     best_err, best_x = torch.full((n,), float("inf")), xa.clone()
     active = torch.ones(n, dtype=torch.bool)
+    avg = None  # with ema: the moving average of the iterates
     for t in range(steps):
         frac = t / (steps - 1)
         _SLOPE[0] = slope[0] + (slope[1] - slope[0]) * frac
@@ -299,10 +303,14 @@ def adam_variant(front, x, steps=200, lr0=0.1, lr1=0.01, b1=0.9, b2=0.999, sched
                 mi[((new < 0) & (mi > 0)) | ((new > 1) & (mi < 0))] = 0
             m[idx], v[idx] = mi, vi
             xa[idx] = new.clamp_(0, 1)
+            if ema is not None and t >= steps // 2:
+                avg = xa.clone() if avg is None else avg.mul_(ema).add_(xa, alpha=1 - ema)
             active[idx[err < tol]] = False
             if not active.any():
                 break
     _GATE.update(k=0, idx=None)
+    if avg is not None:
+        xa = avg
     if best:
         with torch.no_grad():
             last = _per_sample_error(front(xa), target)
@@ -335,6 +343,8 @@ VARIANTS = {
     "Adam beta1 0.98": {"b1": 0.98},
     "beta1 0.95, 0.05 -> 0.005": {"b1": 0.95, "lr0": 0.05, "lr1": 0.005},
     "beta1 0.95, beta2 0.99": {"b1": 0.95, "b2": 0.99},
+    "average of the second half's iterates, decay 0.9": {"ema": 0.9},
+    "average of the second half's iterates, decay 0.97": {"ema": 0.97},
     "residual weighted 1/channel energy": {"weight": ("channel", 1.0)},
     "residual weighted 1/position energy ^0.5": {"weight": ("location", 0.5)},
     "residual weighted 1/position energy": {"weight": ("location", 1.0)},
