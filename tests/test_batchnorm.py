@@ -127,3 +127,26 @@ def test_iris_with_and_without_folding_agree(tmp_path, monkeypatch):
                               tmp_path, steps=5, chunk_size=16)  # fmt: skip
     assert s.meta["batchnorm_folded"] == 1 + 2 * 2
     assert sl.split(net, "layer1.1")[0] is not None  # the model still splits as before
+
+
+@pytest.mark.parametrize(
+    ("name", "point", "shape", "count"),
+    [("wave_cnn", "blocks.1", (3, 1, 4000), 2), ("mel_cnn", "blocks.1", (3, 1, 4000), 2)],
+)
+def test_audio_fronts_fold(name, point, shape, count, monkeypatch):
+    # Conv1d -> BatchNorm1d (waveform CNN) and Conv2d -> BatchNorm2d after the log-mel
+    # front end; mel_cnn's input BatchNorm follows no convolution and stays
+    monkeypatch.delenv(ENV, raising=False)
+    torch.manual_seed(0)
+    net = _randomise_stats(models.create(name))
+    for m in net.modules():
+        if isinstance(m, nn.BatchNorm1d):
+            with torch.no_grad():
+                m.running_var.uniform_(0.5, 2.0)
+    front = _frozen_front(net, point)
+    x = torch.rand(*shape, generator=torch.Generator().manual_seed(0)) * 2 - 1
+    out, n = folded(front, x)
+    assert n == count
+    with torch.no_grad():
+        ref, got = front(x), out(x)
+    assert float((got - ref).norm() / ref.norm()) < 1e-5
