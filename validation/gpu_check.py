@@ -25,6 +25,7 @@ import torch
 
 import stitchlab as sl
 from stitchlab import data, models
+from stitchlab._batchnorm import mode as fold_mode
 from stitchlab._memory_format import mode as memory_format_mode
 from stitchlab.report import markdown_table
 from stitchlab.train import fast_recipe, train_model
@@ -90,23 +91,25 @@ def main() -> int:
     stitch_data = data.subset(train, n_iris, seed=1)
     x = torch.stack([stitch_data[i][0] for i in range(len(stitch_data))])
     #    and, on a GPU, the default with the front channels-last (STITCHLAB_CHANNELS_LAST=1;
-    #    "auto" keeps CUDA in NCHW until this row says which is faster there)
-    runs = [("paper", "auto"), ("default", "auto")]
+    #    "auto" keeps CUDA in NCHW until this row says which is faster there) and with its
+    #    BatchNorms left unfolded (STITCHLAB_FOLD_BN=0: what folding is worth there)
+    runs = [("paper", "auto", "auto"), ("default", "auto", "auto")]
     if device.type == "cuda":
-        runs.append(("default", "1"))
+        runs += [("default", "1", "auto"), ("default", "auto", "0")]
     iris = None
-    for preset, memory_format in runs:
-        with memory_format_mode(memory_format):
+    for preset, memory_format, fold in runs:
+        with memory_format_mode(memory_format), fold_mode(fold):
             _sync(device)
             t0 = time.perf_counter()
             out = sl.generate_iris(front, args.point, x, steps=iri_steps, preset=preset,
                                    batch_size=1000 if not smoke else 64, device=device)  # fmt: skip
             _sync(device)
             sec = time.perf_counter() - t0
-        if preset == "default" and memory_format == "auto":
+        if preset == "default" and memory_format == "auto" and fold == "auto":
             iris = out
         q = out.quality()
         layout = ", channels-last" if memory_format == "1" else ""
+        layout += ", BatchNorm not folded" if fold == "0" else ""
         rows.append({"stage": f"IRIs at {args.point} ({preset} recipe{layout})",
                      "images": n_iris, "steps": iri_steps, "seconds": round(sec, 1),
                      "images x steps/s": round(n_iris * iri_steps / sec),
