@@ -11,10 +11,12 @@ on those fronts).
 
 A pair is folded only where that is exact: a traced front (:class:`torch.fx.GraphModule`),
 a ``nn.Conv1d/2d/3d`` node whose only user is a ``nn.BatchNorm1d/2d/3d`` node with running
-statistics and as many features as the convolution has output channels, neither module
-called anywhere else in the graph. Everything else (functional batch norm, a convolution
-whose output is also used elsewhere, a BatchNorm without running statistics, which
-normalises by the batch even in eval mode) is left as it is. :func:`folded` works on a copy
+statistics and as many features as the convolution has output channels, both in eval
+mode, without hooks, neither called anywhere else in the graph nor read directly (as
+``F.conv2d(x, self.conv.weight)`` would). Everything else (functional batch norm, a
+convolution whose output is also used elsewhere, a BatchNorm without running statistics,
+which normalises by the batch even in eval mode, a spectral-normalised convolution) is
+left as it is. :func:`folded` works on a copy
 and keeps it only when a trial on two samples agrees with the unfolded front to a relative
 difference of :data:`AGREEMENT`.
 
@@ -58,9 +60,21 @@ def mode(value: str) -> AbstractContextManager[None]:
     return env(ENV, value)
 
 
+def _hooked(m: nn.Module) -> bool:
+    """Whether ``m`` has hooks (spectral or weight norm, user hooks) that a folded copy
+    would run on weights they were not written for."""
+    return any(
+        getattr(m, name, None)
+        for name in ("_forward_pre_hooks", "_forward_hooks", "_backward_hooks",
+                     "_backward_pre_hooks", "_state_dict_hooks", "_load_state_dict_pre_hooks")
+    )  # fmt: skip
+
+
 def _foldable_pairs(gm: fx.GraphModule) -> list[tuple[fx.Node, fx.Node]]:
     """The (convolution node, BatchNorm node) pairs of ``gm`` that fold exactly."""
     calls = Counter(str(n.target) for n in gm.graph.nodes if n.op == "call_module")
+    # attributes read directly (e.g. F.conv2d(x, self.conv.weight)) would see folded weights
+    read = [str(n.target) for n in gm.graph.nodes if n.op == "get_attr"]
     pairs = []
     for node in gm.graph.nodes:
         if node.op != "call_module" or not isinstance(gm.get_submodule(str(node.target)), _NORMS):
@@ -76,6 +90,11 @@ def _foldable_pairs(gm: fx.GraphModule) -> list[tuple[fx.Node, fx.Node]]:
             and len(prev.users) == 1
             and calls[str(prev.target)] == 1
             and calls[str(node.target)] == 1
+            and not any(r.startswith(f"{prev.target}.") or r.startswith(f"{node.target}.")
+                        for r in read)
+            and not _hooked(conv)
+            and not _hooked(bn)
+            and not conv.training
             and not bn.training
             and bn.track_running_stats
             and bn.running_mean is not None
@@ -120,11 +139,14 @@ def folded(front: nn.Module, x: Tensor) -> tuple[nn.Module, int]:
     graph = getattr(front, "eval_graph", front)
     if not isinstance(graph, fx.GraphModule) or not _foldable_pairs(graph):
         return front, 0
-    copy_ = copy.deepcopy(graph)
-    count = fold_batchnorm(copy_)
     trial = x[:2].detach()
-    with torch.no_grad():
-        reference, out = front(trial), copy_(trial)
+    try:  # a front that does not copy or fold cleanly keeps its BatchNorms
+        copy_ = copy.deepcopy(graph)
+        count = fold_batchnorm(copy_)
+        with torch.no_grad():
+            reference, out = front(trial), copy_(trial)
+    except Exception:
+        return front, 0
     ok = (
         isinstance(reference, Tensor)
         and isinstance(out, Tensor)
