@@ -4,10 +4,11 @@ An IRI front is frozen and in eval mode, so each of its BatchNorms is a fixed pe
 affine map, ``(x - running_mean) / sqrt(running_var + eps) * weight + bias``. After a
 convolution it can be folded into that convolution's weights and bias
 (:func:`torch.nn.utils.fusion.fuse_conv_bn_eval`), which saves a pass over every activation
-in the forward and in the backward pass: 1.3-1.5x faster IRI steps at experiment A's
-ResNet-18 points on this project's CPUs (``benchmarks/iris.py --tables fold``). The network
-computes the same function; only the rounding changes (relative differences of about 1e-7
-on those fronts).
+in the forward and in the backward pass: 1.17-1.55x faster IRI steps on this project's
+CPUs (``benchmarks/iris.py --tables fold``), whole IRI sets of experiment A's trained
+ResNet-18s 1.18-1.59x (docs/benchmarks.md). The network computes the same function; only
+the rounding changes (relative differences of 1e-7 to 7e-7 on ResNet-18, VGG-16-BN and the
+audio CNNs).
 
 A pair is folded only where that is exact: a traced front (:class:`torch.fx.GraphModule`),
 a ``nn.Conv1d/2d/3d`` node whose only user is a ``nn.BatchNorm1d/2d/3d`` node with running
