@@ -12,6 +12,7 @@ Also: DM in closed form against 30 epochs of Adam (stitchlab's own cached loop).
 
     python benchmarks/stitch_training.py [--width 16] [--n 2560] [--objective slm]
     python benchmarks/stitch_training.py --tables memory   # channels-last against NCHW
+    python benchmarks/stitch_training.py --tables fold     # BatchNorm folded in the loop
 """
 
 from __future__ import annotations
@@ -112,25 +113,21 @@ def measure_stitch(
     return rows
 
 
-def measure_memory_format(
-    width: int = 16, n: int = 2560, objective: str = "slm", epochs: int = 3, repeats: int = 2,
-    ks=(1, 5, 9),
-) -> list[dict]:
-    """Per point: stitchlab's cache and epoch seconds with the frozen networks in NCHW
-    (``STITCHLAB_CHANNELS_LAST=0``, the baseline) and channels-last (the CPU default), each
-    its fastest of ``repeats`` interleaved runs; and the largest difference of their loss
-    curves (the same training to rounding)."""
-    from stitchlab._memory_format import mode as memory_format_mode
-
+def _measure_switch(switch, labels: tuple[str, str], width: int, n: int, objective: str,
+                    epochs: int, repeats: int, ks) -> list[dict]:  # fmt: skip
+    """Per point: stitchlab's cache and epoch seconds under ``switch("0")`` (the baseline)
+    and ``switch("auto")`` (stitchlab's default), each its fastest of ``repeats``
+    interleaved runs; and the largest difference of their loss curves."""
     front, back, x, y = _setup(width, n)
     points = sl.stitch_points(back)
+    la, lb = labels
     rows = []
     for k in ks:
         point = points[k - 1]
         best: dict[str, dict] = {}
         for _ in range(repeats):
             for mode in ("0", "auto"):
-                with memory_format_mode(mode):
+                with switch(mode):
                     s = sl.stitch(front, back, point, (x, y), objective=objective,
                                   epochs=epochs, cache=True, seed=0, lr=1e-3)  # fmt: skip
                 t = {"cache": s.timings["cache"], "epoch": s.timings["train"] / epochs}
@@ -144,8 +141,8 @@ def measure_memory_format(
         diff = max(abs(u - v) for u, v in zip(a["losses"], b["losses"]))
         rows.append({
             "point": f"{k} ({point})",
-            "NCHW cache s": round(a["cache"], 2), "channels-last cache s": round(b["cache"], 2),
-            "NCHW epoch s": round(a["epoch"], 2), "channels-last epoch s": round(b["epoch"], 2),
+            f"{la} cache s": round(a["cache"], 2), f"{lb} cache s": round(b["cache"], 2),
+            f"{la} epoch s": round(a["epoch"], 2), f"{lb} epoch s": round(b["epoch"], 2),
             "ratio cache": f"{a['cache'] / b['cache']:.2f}x",
             "ratio epoch": f"{a['epoch'] / b['epoch']:.2f}x",
             "ratio 30 epochs":
@@ -153,6 +150,31 @@ def measure_memory_format(
             "max loss diff": f"{diff:.1e}",
         })  # fmt: skip
     return rows
+
+
+def measure_memory_format(
+    width: int = 16, n: int = 2560, objective: str = "slm", epochs: int = 3, repeats: int = 2,
+    ks=(1, 5, 9),
+) -> list[dict]:
+    """Per point: the frozen networks in NCHW (``STITCHLAB_CHANNELS_LAST=0``, the baseline)
+    against channels-last (the CPU default); see :func:`_measure_switch`."""
+    from stitchlab._memory_format import mode as memory_format_mode
+
+    return _measure_switch(memory_format_mode, ("NCHW", "channels-last"), width, n,
+                           objective, epochs, repeats, ks)  # fmt: skip
+
+
+def measure_fold(
+    width: int = 16, n: int = 2560, objective: str = "slm", epochs: int = 3, repeats: int = 2,
+    ks=(1, 5, 9),
+) -> list[dict]:
+    """Per point: the training loop's back suffix with its BatchNorms as they are
+    (``STITCHLAB_FOLD_BN=0``, the baseline) against folded into the convolutions (the
+    default); see :func:`_measure_switch`."""
+    from stitchlab._batchnorm import mode as fold_mode
+
+    return _measure_switch(fold_mode, ("as is", "folded"), width, n, objective, epochs,
+                           repeats, ks)  # fmt: skip
 
 
 def measure_dm(width: int = 16, n: int = 2560, k: int = 5) -> list[dict]:
@@ -199,8 +221,9 @@ def main() -> None:
     ap.add_argument("--objective", default="slm")
     ap.add_argument("--epochs", type=int, default=3, help="stitchlab epochs (steady state)")
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--tables", choices=("hooks", "memory"), default="hooks",
-                    help="against hook-based stitching (and DM), or NCHW against channels-last")
+    ap.add_argument("--tables", choices=("hooks", "memory", "fold"), default="hooks",
+                    help="against hook-based stitching (and DM), NCHW against channels-last, "
+                    "or the back suffix's BatchNorms as they are against folded")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     if args.tables == "memory":
@@ -209,6 +232,12 @@ def main() -> None:
               "fastest of 2 interleaved runs")  # fmt: skip
         rows = measure_memory_format(args.width, args.n, args.objective, args.epochs)
         print(markdown_table(rows))
+        return
+    if args.tables == "fold":
+        print(f"ResNet-18 width {args.width}, {args.n} images, batch 128, {args.objective}, "
+              f"{args.threads} threads: the training loop's back suffix with BatchNorm as it "
+              "is (baseline) against folded, fastest of 2 interleaved runs")  # fmt: skip
+        print(markdown_table(measure_fold(args.width, args.n, args.objective, args.epochs)))
         return
     print(
         f"ResNet-18 width {args.width}, {args.n} images, batch 128, objective "

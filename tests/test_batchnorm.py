@@ -171,3 +171,32 @@ def test_audio_fronts_fold(name, point, shape, count, monkeypatch):
     with torch.no_grad():
         ref, got = front(x), out(x)
     assert float((got - ref).norm() / ref.norm()) < 1e-5
+
+
+def test_stitch_training_runs_a_folded_back_and_returns_the_unfolded_model(monkeypatch):
+    from stitchlab import Stitcher
+
+    monkeypatch.delenv(ENV, raising=False)
+    torch.manual_seed(0)
+    front = _randomise_stats(models.create("resnet18", width=8))
+    torch.manual_seed(1)
+    back = _randomise_stats(models.create("resnet18", width=8))
+    gen = torch.Generator().manual_seed(0)
+    data = (torch.rand(64, 3, 32, 32, generator=gen), torch.randint(0, 10, (64,), generator=gen))
+    fits = {}
+    for m in ("0", "auto"):
+        with mode(m):
+            st = Stitcher(front, back, "layer1.1")
+            fits[m] = (st, st.fit("slm", data, epochs=2, seed=0, lr=1e-3))
+    (plain_st, plain), (st, fit) = fits["0"], fits["auto"]
+    assert plain_st._training_back() is plain_st._back  # switched off: the suffix itself
+    # layer2 to layer4: 6 blocks x 2 convolutions and 3 downsampling convolutions
+    assert sum(isinstance(m, nn.BatchNorm2d) for m in st._back.modules()) == 15
+    assert not any(isinstance(m, nn.BatchNorm2d) for m in st._training_back().modules())
+    assert fit.back is st._back  # the fitted model keeps the unfolded suffix
+    for k, v in fit.stitch_layer.state_dict().items():
+        torch.testing.assert_close(v, plain.stitch_layer.state_dict()[k], rtol=1e-4, atol=1e-5)
+    assert fit.step_losses == pytest.approx(plain.step_losses, rel=1e-4)
+    # with the frozen networks in train mode (batch statistics) nothing is folded
+    monkeypatch.setattr(Stitcher, "_training_back", lambda self: pytest.fail("folded"))
+    Stitcher(front, back, "layer1.1").fit("slm", data, epochs=1, frozen_mode="train")

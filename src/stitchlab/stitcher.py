@@ -32,6 +32,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.data import Dataset, TensorDataset
 
+from ._batchnorm import folded
 from ._data import (
     DataLike,
     _module_device,
@@ -171,6 +172,7 @@ class Stitcher:
         self._sample_bytes: dict[str, int] = {}
         self._inits: dict[tuple, tuple[Any, Initialisation]] = {}
         self._frozen_train = False
+        self._folded_back: nn.Module | None = None  # see _training_back
         # set by setup(): True when both frozen models run channels-last (each side is
         # converted where its own trial agrees; the flag says whether both were)
         self.channels_last = False
@@ -416,6 +418,12 @@ class Stitcher:
             timings["init"] = 0.0 if reused else init.seconds  # type: ignore[union-attr]
         stitched = StitchedModel(self._front, layer, self._back, self.point, self.back_point,
                                  self.later_points, cfg.frozen_mode)  # fmt: skip
+        # the training loop runs the same layer through a back suffix whose eval-mode
+        # BatchNorms are folded into its convolutions; the fitted model keeps the suffix
+        trainee = stitched
+        if cfg.frozen_mode == "eval":
+            trainee = StitchedModel(self._front, layer, self._training_back(), self.point,
+                                    self.back_point, self.later_points, "eval")  # fmt: skip
         record = dict(objective=obj.name, protocol=sset.protocol, point=self.point,
                       back_point=self.back_point, settings=cfg, init_residual=residual,
                       init_reused=reused, iri_quality=sset.iri_quality)  # fmt: skip
@@ -449,7 +457,7 @@ class Stitcher:
                 for item in dl:
                     x, y, xt = _triple(item, device)
                     if cfg.adversarial is not None:  # adversarial stitch training
-                        x_adv = pgd_examples(stitched, x, y, cfg.adversarial)
+                        x_adv = pgd_examples(trainee, x, y, cfg.adversarial)
                         xt = x_adv if xt is x else xt
                         x = x_adv
                     with torch.no_grad():
@@ -458,12 +466,27 @@ class Stitcher:
                     yield a, t
 
         t0 = time.perf_counter()
-        history, step_losses = train_layer(stitched, obj, epoch_batches, steps, cfg)
+        history, step_losses = train_layer(trainee, obj, epoch_batches, steps, cfg)
         timings["train"] = time.perf_counter() - t0
         return stitched.with_record(StitchRecord(
             **record, history=tuple(history), step_losses=tuple(step_losses),
             cache_used=cache is not None, timings=timings,
         )).eval()  # fmt: skip
+
+    def _training_back(self) -> nn.Module:
+        """The back suffix as the training loop runs it (after :meth:`setup`): a copy with
+        its eval-mode BatchNorms folded into the convolutions before them where that is
+        exact and a trial agrees (:mod:`stitchlab._batchnorm`), else the suffix itself."""
+        if self._folded_back is None:
+            back, was_training = self._back, self._back.training
+            back.eval()
+            try:
+                with torch.no_grad():
+                    z = self._back_prefix(self._x0)
+                self._folded_back, _ = folded(back, z)
+            finally:
+                back.train(was_training)
+        return self._folded_back
 
     def _cache(self, sset: StitchingSet, obj, cfg: TrainingConfig, batch_size: int):
         if cfg.cache is False or cfg.frozen_mode == "train" or cfg.adversarial is not None:
