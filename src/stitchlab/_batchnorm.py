@@ -31,7 +31,6 @@ measure the difference).
 from __future__ import annotations
 
 import copy
-import os
 from collections import Counter
 from contextlib import AbstractContextManager
 
@@ -40,23 +39,17 @@ import torch.fx as fx
 from torch import Tensor, nn
 from torch.nn.utils.fusion import fuse_conv_bn_eval
 
-from ._env import env
+from ._env import AGREEMENT as AGREEMENT  # the trial tolerance (shared)
+from ._env import env, outputs_agree, switch
 
 ENV = "STITCHLAB_FOLD_BN"
-#: largest relative difference between the folded and unfolded fronts on the trial samples
-AGREEMENT = 1e-4
 
 _CONVS = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
 _NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
 
 
 def _wanted() -> bool:
-    value = os.environ.get(ENV, "auto").strip().lower()
-    if value in ("0", "off", "false", "no"):
-        return False
-    if value in ("1", "on", "true", "yes", "auto"):
-        return True
-    raise ValueError(f"{ENV} must be auto, 1 or 0, got {value!r}")
+    return switch(ENV) != "off"
 
 
 def mode(value: str) -> AbstractContextManager[None]:
@@ -151,32 +144,4 @@ def folded(front: nn.Module, x: Tensor) -> tuple[nn.Module, int]:
             reference, out = front(trial), copy_(trial)
     except Exception:
         return front, 0
-    return (copy_, count) if _agree(reference, out) else (front, 0)
-
-
-def _agree(reference, out) -> bool:
-    """Whether two outputs (tensors, or tuples / lists / dicts of them, as a back suffix
-    with taps returns) have the same structure and every tensor agrees to
-    :data:`AGREEMENT` (relative)."""
-    if isinstance(reference, Tensor):
-        return (
-            isinstance(out, Tensor)
-            and out.shape == reference.shape
-            and bool(torch.isfinite(out).all())
-            and float((out.float() - reference.float()).norm())
-            <= AGREEMENT * max(float(reference.float().norm()), 1e-12)
-        )
-    if isinstance(reference, (tuple, list)):
-        return (
-            type(out) is type(reference)
-            and len(out) == len(reference)
-            and len(reference) > 0
-            and all(_agree(r, o) for r, o in zip(reference, out))
-        )
-    if isinstance(reference, dict):
-        return (
-            isinstance(out, dict)
-            and out.keys() == reference.keys()
-            and all(_agree(reference[k], out[k]) for k in reference)
-        )
-    return False
+    return (copy_, count) if outputs_agree(reference, out) else (front, 0)

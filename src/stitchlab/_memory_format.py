@@ -15,28 +15,20 @@ measured case), ``1`` (on every device, e.g. to measure it on a GPU) or ``0`` (n
 
 from __future__ import annotations
 
-import os
 from contextlib import AbstractContextManager
 
 import torch
 from torch import Tensor, nn
 
-from ._env import env
+from ._env import AGREEMENT as AGREEMENT  # the trial tolerance (shared)
+from ._env import env, outputs_agree, switch
 
 ENV = "STITCHLAB_CHANNELS_LAST"
-#: largest relative difference between the two layouts' outputs on the trial samples
-AGREEMENT = 1e-4
 
 
 def _wanted(device: torch.device) -> bool:
-    mode = os.environ.get(ENV, "auto").strip().lower()
-    if mode in ("0", "off", "false", "no"):
-        return False
-    if mode in ("1", "on", "true", "yes"):
-        return True
-    if mode != "auto":
-        raise ValueError(f"{ENV} must be auto, 1 or 0, got {mode!r}")
-    return device.type == "cpu"
+    mode = switch(ENV)
+    return mode == "on" or (mode == "auto" and device.type == "cpu")
 
 
 def channels_last(module: nn.Module, x: Tensor) -> bool:
@@ -63,13 +55,7 @@ def channels_last(module: nn.Module, x: Tensor) -> bool:
             out = module(trial.contiguous(memory_format=torch.channels_last))
         except RuntimeError:  # layout-dependent code, e.g. .view of an activation
             out = None
-        ok = (
-            isinstance(out, Tensor)
-            and out.shape == reference.shape
-            and bool(torch.isfinite(out).all())
-            and float((out.float() - reference.float()).norm())
-            <= AGREEMENT * max(float(reference.float().norm()), 1e-12)
-        )
+        ok = outputs_agree(reference, out)
     if not ok:
         _convert(module, torch.contiguous_format)
     return ok

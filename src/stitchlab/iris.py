@@ -744,8 +744,9 @@ def generate_iris(
     x_all = sources[0]
     fmt = torch.contiguous_format
     if len(x_all):  # BatchNorm folded, then the memory format: each from a trial on two sources
-        front, _ = folded(front, x_all[:2].to(dev))
-        fmt = memory_format_for(front, x_all[:2].to(dev))
+        trial = x_all[:2].to(dev)
+        front, _ = folded(front, trial)
+        fmt = memory_format_for(front, trial)
     for i in range(0, x_all.shape[0], rec.batch_size):
         x = x_all[i : i + rec.batch_size].to(dev)
         out.append(_run_batch(front, x, rec, seed, i, fmt))
