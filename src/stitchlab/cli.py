@@ -508,7 +508,7 @@ def _parser() -> argparse.ArgumentParser:
     ir.add_argument("--steps", type=int, default=None, help="override the preset's steps")
     ir.add_argument("--step-size", type=float, default=None)
     ir.add_argument("--final-step-size", type=float, default=None)
-    ir.add_argument("--optimizer", default=None, choices=("adam", "sign", "l2"))
+    ir.add_argument("--optimizer", default=None, choices=("adam", "sign", "l2", "lbfgs"))
     ir.add_argument("--tolerance", type=float, default=None)
     ir.add_argument("--data-root", default=None, help="CIFAR-10 folder (default: generated)")
     ir.add_argument("--n", type=int, default=2000)

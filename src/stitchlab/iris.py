@@ -108,7 +108,7 @@ class IRIRecipe:
     steps: int = 200
     step_size: float = 0.1
     final_step_size: float | None = 0.01  # geometric decay to this size (None: constant)
-    optimizer: Literal["sign", "adam", "l2"] = "adam"
+    optimizer: Literal["sign", "adam", "l2", "lbfgs"] = "adam"
     start: Literal["noise", "image", "blur", "scaled_noise"] = "noise"  # image: another source
     tolerance: float | None = 0.01  # a sample stops once its relative error is below
     box: tuple[float, float] = (0.0, 1.0)
@@ -118,6 +118,7 @@ class IRIRecipe:
     relu_slope: float = 0.1  # backward slope of the inner ReLUs under relu_grad="surrogate"
     start_scale: float = 0.003  # standard deviation of the "scaled_noise" start
     precision: Literal["uint8", "int16", "float32"] = "uint8"  # storage of the IRIs
+    history: int = 20  # curvature pairs kept per sample by optimizer="lbfgs"
 
     @classmethod
     def paper(cls, **overrides) -> IRIRecipe:
@@ -136,8 +137,12 @@ class IRIRecipe:
             raise ValueError(f"step_size must be positive, got {self.step_size}")
         if self.final_step_size is not None and self.final_step_size <= 0:
             raise ValueError(f"final_step_size must be positive, got {self.final_step_size}")
-        if self.optimizer not in ("sign", "adam", "l2"):
-            raise ValueError(f"optimizer must be 'sign', 'adam' or 'l2', got {self.optimizer!r}")
+        if self.optimizer not in ("sign", "adam", "l2", "lbfgs"):
+            raise ValueError(
+                f"optimizer must be 'sign', 'adam', 'l2' or 'lbfgs', got {self.optimizer!r}"
+            )
+        if self.history < 1:
+            raise ValueError(f"history must be >= 1, got {self.history}")
         if self.start not in ("noise", "image", "blur", "scaled_noise"):
             raise ValueError(
                 f"start must be 'noise', 'image', 'blur' or 'scaled_noise', got {self.start!r}"
@@ -209,8 +214,9 @@ class IRIRecipe:
         """The fields that name a stored IRI set (:func:`generate_iris_set`'s key): all of
         :meth:`as_dict`, except the fields added after the first stored sets where they
         say what those sets did: ``precision`` when it is ``"uint8"``, ``start_scale``
-        unless the start is ``"scaled_noise"`` and ``relu_slope`` unless ``relu_grad`` is
-        ``"surrogate"``. A set stored before these fields existed keeps its key."""
+        unless the start is ``"scaled_noise"``, ``relu_slope`` unless ``relu_grad`` is
+        ``"surrogate"`` and ``history`` unless the optimizer is ``"lbfgs"``. A set stored
+        before these fields existed keeps its key."""
         d = self.as_dict()
         if d["precision"] == "uint8":
             del d["precision"]
@@ -218,6 +224,8 @@ class IRIRecipe:
             del d["start_scale"]
         if d["relu_grad"] != "surrogate":
             del d["relu_slope"]
+        if d["optimizer"] != "lbfgs":
+            del d["history"]
         return d
 
 
@@ -603,6 +611,8 @@ def _optimise(
 ) -> tuple[Tensor, Tensor]:
     """The optimised IRIs of one batch (float, in the box) and the targets f(x);
     ``memory_format`` is how the front takes its inputs (:mod:`stitchlab._memory_format`)."""
+    if recipe.optimizer == "lbfgs":
+        return _optimise_lbfgs(front, x, recipe, gen, memory_format)
     lo, hi = recipe.box
     device = x.device
     x = x.contiguous(memory_format=memory_format)
@@ -659,6 +669,125 @@ def _optimise(
                     if not bool(active.any()):
                         break
     return x_adv.detach(), target
+
+
+def _two_loop(g: Tensor, s: Tensor, y: Tensor, rho: Tensor, gamma: Tensor, order) -> Tensor:
+    """L-BFGS's two-loop recursion for every sample at once: ``H g`` with the pairs
+    ``s[k], y[k]`` (each ``(B, D)``) taken in ``order`` (oldest first); a pair whose
+    ``rho[k]`` is 0 for a sample drops out for that sample."""
+    q = g.clone()
+    alphas = []
+    for k in reversed(order):
+        a = rho[k] * torch.linalg.vecdot(s[k], q)
+        q.addcmul_(y[k], a[:, None], value=-1.0)
+        alphas.append(a)
+    r = q.mul_(gamma[:, None])
+    for k, a in zip(order, reversed(alphas)):
+        r.addcmul_(s[k], (a - rho[k] * torch.linalg.vecdot(y[k], r))[:, None])
+    return r
+
+
+def _optimise_lbfgs(
+    front: nn.Module,
+    x: Tensor,
+    recipe: IRIRecipe,
+    gen: torch.Generator,
+    memory_format: torch.memory_format = torch.contiguous_format,
+) -> tuple[Tensor, Tensor]:
+    """:func:`_optimise` with ``optimizer="lbfgs"``: L-BFGS on each sample's own squared
+    relative error, vectorised over the batch (each sample keeps its own curvature pairs,
+    step and acceptance, so a sample's IRI does not depend on the others of its batch).
+
+    Every step costs one forward and backward of the front, as Adam's do: a trial point
+    whose error is not below its sample's last accepted one is rejected and the sample
+    backs off to 0.3x the step along the same direction (after 6 rejections in a row its
+    pairs are dropped and it takes a gradient step). A step's RMS over the sample's pixels
+    is at most ``recipe.step_at(t)`` (the first step's is exactly that); pixels on the
+    box's edge whose gradient points out of it are held; pairs whose curvature is not
+    positive (the surrogate gradient is not an exact one) are skipped. Samples below the
+    tolerance stop and leave the batch, with their state."""
+    lo, hi = recipe.box
+    shape = x.shape
+    x = x.contiguous(memory_format=memory_format)
+    with torch.no_grad():
+        target = front(x).float()
+    n, d = shape[0], x[0].numel()
+    t_norm2 = target.flatten(1).pow(2).sum(1).clamp_min(1e-24)
+    x_try = _start(x, recipe, gen).clamp(lo, hi).float().reshape(n, d)
+    out = x_try.clone()  # each sample's best (last accepted) point; stopped samples' final
+    mem = recipe.history
+    s_hist = x_try.new_zeros(mem, n, d)
+    y_hist = x_try.new_zeros(mem, n, d)
+    rho = x_try.new_zeros(mem, n)
+    rows = torch.arange(n, device=x.device)  # batch rows still optimised
+    x_acc, g_acc = x_try.clone(), x_try.new_zeros(n, d)
+    loss_acc = x_try.new_full((n,), float("inf"))
+    direction, alpha = x_try.new_zeros(n, d), x_try.new_ones(n)
+    gamma, rejects = x_try.new_zeros(n), torch.zeros(n, dtype=torch.long, device=x.device)
+    tol2 = None if recipe.tolerance is None else recipe.tolerance**2
+    slot = filled = 0
+    for t in range(recipe.steps):
+        xi = x_try.reshape(-1, *shape[1:]).contiguous(memory_format=memory_format)
+        xi = xi.detach().requires_grad_(True)
+        with _autocast(x.device, recipe):
+            f = front(xi)
+        diff = f.detach().float() - target[rows]
+        loss = diff.flatten(1).pow(2).sum(1) / t_norm2[rows]
+        g_out = diff.div_(t_norm2[rows].view(-1, *[1] * (diff.dim() - 1)))
+        (g,) = torch.autograd.grad(f, xi, grad_outputs=g_out.to(f.dtype))
+        g = g.float().contiguous().reshape(-1, d)
+        with torch.no_grad():
+            ok = loss <= loss_acc
+            s, y = x_try - x_acc, g - g_acc
+            sy = (s * y).sum(1)
+            pair = ok & torch.isfinite(loss_acc) & (sy > 1e-10 * s.norm(dim=1) * y.norm(dim=1))
+            sy = sy.clamp_min(1e-30)
+            s_hist[slot] = torch.where(pair[:, None], s, 0.0)
+            y_hist[slot] = torch.where(pair[:, None], y, 0.0)
+            rho[slot] = torch.where(pair, 1.0 / sy, 0.0)
+            gamma = torch.where(pair, sy / y.pow(2).sum(1).clamp_min(1e-30), gamma)
+            slot, filled = (slot + 1) % mem, min(filled + 1, mem)
+            x_acc = torch.where(ok[:, None], x_try, x_acc)
+            g_acc = torch.where(ok[:, None], g, g_acc)
+            loss_acc = torch.where(ok, loss, loss_acc)
+            rejects = torch.where(ok, 0, rejects + 1)
+            reset = rejects >= 6
+            if bool(reset.any()):  # a sample stuck on its pairs: drop them, a gradient step
+                rho[:, reset] = 0
+                gamma[reset] = 0
+            gp = g_acc.masked_fill(((x_acc <= lo) & (g_acc > 0)) | ((x_acc >= hi) & (g_acc < 0)), 0)
+            cap = recipe.step_at(t)
+            fresh = gamma <= 0  # no pair yet: a gradient step of RMS ``cap``
+            rms = gp.pow(2).mean(1).sqrt().clamp_min(1e-30)
+            gamma = torch.where(fresh, cap / rms, gamma)
+            order = [(slot - filled + k) % mem for k in range(filled)]
+            new = _two_loop(gp, s_hist, y_hist, rho, gamma, order).neg_()
+            uphill = (new * gp).sum(1) >= 0
+            new = torch.where(uphill[:, None], -gamma[:, None] * gp, new)
+            scale = (cap / new.pow(2).mean(1).sqrt().clamp_min(1e-30)).clamp(max=1.0)
+            new.mul_(scale[:, None])
+            redo = ok | reset
+            direction = torch.where(redo[:, None], new, direction)
+            alpha = torch.where(redo, 1.0, alpha * 0.3)
+            rejects = torch.where(reset, 0, rejects)
+            x_try = (x_acc + alpha[:, None] * direction).clamp_(lo, hi)
+            if tol2 is not None:
+                done = loss_acc < tol2
+                if bool(done.any()):  # stopped samples leave the batch with their state
+                    out[rows[done]] = x_acc[done]
+                    keep = ~done
+                    if not bool(keep.any()):
+                        rows = rows[keep]
+                        break
+                    rows = rows[keep]
+                    x_try, x_acc, g_acc = x_try[keep], x_acc[keep], g_acc[keep]
+                    loss_acc, direction, alpha = loss_acc[keep], direction[keep], alpha[keep]
+                    gamma, rejects = gamma[keep], rejects[keep]
+                    s_hist, y_hist, rho = s_hist[:, keep], y_hist[:, keep], rho[:, keep]
+    with torch.no_grad():
+        if len(rows):
+            out[rows] = x_acc
+    return out.reshape(shape).contiguous(memory_format=memory_format).to(x.dtype), target
 
 
 @torch.no_grad()

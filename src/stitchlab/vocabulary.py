@@ -104,7 +104,11 @@ def describe_iri_recipe(recipe: dict) -> str:
     tol = recipe["tolerance"]
     stop = f"per-sample tolerance {tol:g}" if tol is not None else "no early stop"
     lo, hi = recipe["box"]
+    steps = f"{recipe['steps']} {recipe['optimizer']} steps {size}"
+    if recipe["optimizer"] == "lbfgs":  # per-sample L-BFGS: the sizes cap each step's RMS
+        steps = (f"{recipe['steps']} per-sample L-BFGS steps (history {recipe['history']}, "
+                 f"RMS step at most {size})")  # fmt: skip
     return (
-        f"{recipe['steps']} {recipe['optimizer']} steps {size} from {start}, {grad}, {stop}, "
+        f"{steps} from {start}, {grad}, {stop}, "
         f"box ({lo:g}, {hi:g}), stored as {recipe['precision']}"
     )
