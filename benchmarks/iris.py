@@ -201,9 +201,21 @@ def measure_fold(width: int = 16, batch: int = 128, steps: int = 20, repeats: in
     return _setting_rows(width, batch, repeats, run, ("0", "auto"), ("as is", "folded"))
 
 
+#: Recipes of the time-to-quality tables by name: presets, and the per-sample L-BFGS
+#: optimiser on the default's other settings (its surrogate slope 0.1, or 0.15).
+RECIPES = {
+    "paper": {"preset": "paper"},
+    "v1": {"preset": "v1"},
+    "default": {},
+    "lbfgs": {"optimizer": "lbfgs"},
+    "lbfgs-0.15": {"optimizer": "lbfgs", "relu_slope": 0.15},
+}
+
+
 def _quality_rows(model, src, points, presets, repeats: int) -> list[dict]:
-    """Seconds and median error of each preset's IRIs of ``src`` at each point, each
-    preset's fastest of ``repeats`` interleaved runs; the last preset against the first."""
+    """Seconds and median error of each recipe's IRIs of ``src`` at each point (names of
+    :data:`RECIPES`), each recipe's fastest of ``repeats`` interleaved runs; every later
+    recipe's time and error against the first's."""
     rows = []
     for point in points:
         generate_iris(model, point, src[:8], steps=1)  # warm-up
@@ -211,16 +223,19 @@ def _quality_rows(model, src, points, presets, repeats: int) -> list[dict]:
         for _ in range(repeats):
             for preset in presets:
                 t0 = time.perf_counter()
-                res[preset] = generate_iris(model, point, src, preset=preset).quality()
+                res[preset] = generate_iris(model, point, src, **RECIPES[preset]).quality()
                 sec[preset] = min(sec.get(preset, math.inf), time.perf_counter() - t0)
         row = {"point": point}
         for preset in presets:
             row[f"{preset}: median error"] = f"{res[preset].median_error:.4f}"
             row[f"{preset}: s"] = f"{sec[preset]:.1f}"
-        first, last = presets[0], presets[-1]
-        row[f"time {last} / {first}"] = f"{sec[last] / sec[first]:.2f}x"
-        row[f"error {last} / {first}"] = f"{res[last].median_error / res[first].median_error:.3f}"
-        row["null"] = f"{res[last].null_median:.3f}"
+        first = presets[0]
+        for last in presets[1:]:
+            row[f"time {last} / {first}"] = f"{sec[last] / sec[first]:.2f}x"
+            row[f"error {last} / {first}"] = (
+                f"{res[last].median_error / res[first].median_error:.3f}"
+            )
+        row["null"] = f"{res[presets[-1]].null_median:.3f}"
         rows.append(row)
     return rows
 
@@ -243,11 +258,13 @@ def time_to_quality(n: int = 128, seed: int = 0, repeats: int = 3) -> list[dict]
 
 
 def time_to_quality_stored(
-    config: str, store: str, front: str, points: list[str], n: int = 64, repeats: int = 2
+    config: str, store: str, front: str, points: list[str], n: int = 64, repeats: int = 2,
+    recipes: tuple[str, ...] = ("paper", "default"),
 ) -> list[dict]:
-    """The same comparison (paper's recipe against the default) on a trained front of an
-    experiment's store (e.g. experiment A's ResNet-18s), on its first ``n`` stitching
-    images with the model's marker (as its IRIs are made). Needs the config's data."""
+    """The same comparison (the first recipe, the paper's, against the others) on a trained
+    front of an experiment's store (e.g. experiment A's ResNet-18s), on its first ``n``
+    stitching images with the model's marker (as its IRIs are made). Needs the config's
+    data."""
     from pathlib import Path
 
     from stitchlab.experiments import load_config, with_fingerprints
@@ -258,7 +275,7 @@ def time_to_quality_stored(
     model = load_model(raw, Path(store), front).eval()
     data = stitch_data(raw, raw["models"][front]["marker"])
     src = torch.stack([data[i][0] for i in range(n)])
-    return _quality_rows(model, src, points, ("paper", "default"), repeats)
+    return _quality_rows(model, src, points, recipes, repeats)
 
 
 def main() -> None:
@@ -281,16 +298,23 @@ def main() -> None:
     ap.add_argument("--front", default="back", help="with --config: the front model")
     ap.add_argument("--points", default="layer2.1,layer3.1,layer4.1", help="with --config")
     ap.add_argument("--n", type=int, default=64, help="with --config: IRIs per point")
+    ap.add_argument("--recipes", default="paper,default",
+                    help=f"with --config: recipes, the first the baseline ({', '.join(RECIPES)})")
     args = ap.parse_args()
     if args.config:
         from stitchlab.report import markdown_table
 
         torch.set_num_threads(args.threads)
-        print(f"Time to quality: default against the paper's recipe, {args.front} of "
-              f"{args.config}, {args.n} IRIs, {args.threads} threads, fastest of "
+        recipes = tuple(args.recipes.split(","))
+        unknown = sorted(set(recipes) - set(RECIPES))
+        if unknown:
+            raise SystemExit(f"unknown recipe(s) {unknown}; the names are {list(RECIPES)}")
+        print(f"Time to quality: {', '.join(recipes[1:])} against {recipes[0]}, {args.front} "
+              f"of {args.config}, {args.n} IRIs, {args.threads} threads, fastest of "
               f"{args.repeats} interleaved runs")  # fmt: skip
         rows = time_to_quality_stored(args.config, args.store, args.front,
-                                      args.points.split(","), args.n, args.repeats)  # fmt: skip
+                                      args.points.split(","), args.n, args.repeats,
+                                      recipes)  # fmt: skip
         print(markdown_table(rows))
         return
     torch.set_num_threads(args.threads)

@@ -58,6 +58,9 @@ RECIPES = {
                                             "final_step_size": 0.5 / 255, "tolerance": None},
     "l2 0.01->0.0005 + surrogate 0.1": {"optimizer": "l2", "step_size": 0.01,
                                         "final_step_size": 0.0005, "tolerance": None},
+    # per-sample L-BFGS (optimizer="lbfgs"): the step schedule caps each step's pixel RMS
+    "lbfgs 0.1->0.01 + surrogate 0.1": {"optimizer": "lbfgs"},
+    "lbfgs 0.1->0.01 + surrogate 0.15": {"optimizer": "lbfgs", "relu_slope": 0.15},
     # quieter starts: Gaussian noise around mid-grey instead of uniform over the box
     "quiet start 0.1 + adam 0.05->0.01": {"start": "scaled_noise", "start_scale": 0.1,
                                          "step_size": 0.05},

@@ -95,6 +95,14 @@ class IRIRecipe:
     linearised net is a poor guide), so that units dead inside the prefix still pass some
     gradient. Only the descent direction changes; the forward pass stays exact.
 
+    ``optimizer="lbfgs"`` runs L-BFGS on each sample's squared relative error, vectorised
+    over the batch: each sample keeps its own ``history`` curvature pairs, its own step
+    and acceptance (a step that does not lower the error is backed off, at the cost of one
+    evaluation), and ``step_size`` -> ``final_step_size`` caps each step's RMS over the
+    pixels. One forward and backward per step, as Adam; lower errors at deep points of
+    a ResNet-18, not at all points (docs/validation/iri_convergence.md, "Per-sample
+    L-BFGS").
+
     ``start`` is where the optimisation begins: ``"noise"`` (uniform over the box),
     ``"image"`` (another source of the batch), ``"blur"`` (the source smoothed: a 5x5
     binomial filter on images, a 5-tap one along time on ``(N, C, T)`` inputs) or
