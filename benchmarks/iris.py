@@ -202,13 +202,15 @@ def measure_fold(width: int = 16, batch: int = 128, steps: int = 20, repeats: in
 
 
 #: Recipes of the time-to-quality tables by name: presets, and the per-sample L-BFGS
-#: optimiser on the default's other settings (its surrogate slope 0.1, or 0.15).
+#: optimiser on the default's other settings (its surrogate slope 0.1, or 0.15; history 20,
+#: or 5).
 RECIPES = {
     "paper": {"preset": "paper"},
     "v1": {"preset": "v1"},
     "default": {},
     "lbfgs": {"optimizer": "lbfgs"},
     "lbfgs-0.15": {"optimizer": "lbfgs", "relu_slope": 0.15},
+    "lbfgs-0.15-h5": {"optimizer": "lbfgs", "relu_slope": 0.15, "history": 5},
 }
 
 

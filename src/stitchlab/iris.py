@@ -18,6 +18,7 @@ int16 storage; uint8 levels are far too coarse for a waveform).
 
 from __future__ import annotations
 
+import collections
 import copy
 import dataclasses
 import hashlib
@@ -679,19 +680,24 @@ def _optimise(
     return x_adv.detach(), target
 
 
-def _two_loop(g: Tensor, s: Tensor, y: Tensor, rho: Tensor, gamma: Tensor, order) -> Tensor:
+def _two_loop(g: Tensor, s, y, rho, gamma: Tensor, order) -> Tensor:
     """L-BFGS's two-loop recursion for every sample at once: ``H g`` with the pairs
     ``s[k], y[k]`` (each ``(B, D)``) taken in ``order`` (oldest first); a pair whose
-    ``rho[k]`` is 0 for a sample drops out for that sample."""
+    ``rho[k]`` is 0 for a sample drops out for that sample (its ``s``, ``y`` must be
+    finite)."""
+
+    def dot(a: Tensor, b: Tensor) -> Tensor:  # per-sample dot products: one batched GEMV
+        return torch.bmm(a.unsqueeze(1), b.unsqueeze(2)).view(-1)
+
     q = g.clone()
     alphas = []
     for k in reversed(order):
-        a = rho[k] * torch.linalg.vecdot(s[k], q)
+        a = rho[k] * dot(s[k], q)
         q.addcmul_(y[k], a[:, None], value=-1.0)
         alphas.append(a)
     r = q.mul_(gamma[:, None])
     for k, a in zip(order, reversed(alphas)):
-        r.addcmul_(s[k], (a - rho[k] * torch.linalg.vecdot(y[k], r))[:, None])
+        r.addcmul_(s[k], (a - rho[k] * dot(y[k], r))[:, None])
     return r
 
 
@@ -720,82 +726,96 @@ def _optimise_lbfgs(
     with torch.no_grad():
         target = front(x).float()
     n, d = shape[0], x[0].numel()
+    # the state is flat per sample in the inputs' physical order (channels-last: N, H, W, C),
+    # so that going to and from the front's layout is a view, not a copy
+    last = memory_format == torch.channels_last and x.dim() == 4
+    perm = (0, 2, 3, 1) if last else tuple(range(x.dim()))
+    inverse = (0, 3, 1, 2) if last else perm
+    physical = [shape[i] for i in perm]
+
+    def flat(t: Tensor) -> Tensor:
+        return t.permute(*perm).reshape(-1, d)
+
+    def image(v: Tensor) -> Tensor:
+        return v.view(-1, *physical[1:]).permute(*inverse)
     t_norm2 = target.flatten(1).pow(2).sum(1).clamp_min(1e-24)
-    x_try = _start(x, recipe, gen).clamp(lo, hi).float().reshape(n, d)
+    x_try = flat(_start(x, recipe, gen).clamp(lo, hi).float()).contiguous()
     out = x_try.clone()  # each sample's best (last accepted) point; stopped samples' final
-    mem = recipe.history
-    s_hist = x_try.new_zeros(mem, n, d)
-    y_hist = x_try.new_zeros(mem, n, d)
-    rho = x_try.new_zeros(mem, n)
+    pairs: collections.deque = collections.deque(maxlen=recipe.history)  # (s, y, rho)
     rows = torch.arange(n, device=x.device)  # batch rows still optimised
     x_acc, g_acc = x_try.clone(), x_try.new_zeros(n, d)
     loss_acc = x_try.new_full((n,), float("inf"))
     direction, alpha = x_try.new_zeros(n, d), x_try.new_ones(n)
     gamma, rejects = x_try.new_zeros(n), torch.zeros(n, dtype=torch.long, device=x.device)
     tol2 = None if recipe.tolerance is None else recipe.tolerance**2
-    slot = filled = 0
     for t in range(recipe.steps):
-        xi = x_try.reshape(-1, *shape[1:]).contiguous(memory_format=memory_format)
-        xi = xi.detach().requires_grad_(True)
+        xi = image(x_try).detach().requires_grad_(True)
         with _autocast(x.device, recipe):
             f = front(xi)
         diff = f.detach().float() - target[rows]
         loss = diff.flatten(1).pow(2).sum(1) / t_norm2[rows]
         g_out = diff.div_(t_norm2[rows].view(-1, *[1] * (diff.dim() - 1)))
         (g,) = torch.autograd.grad(f, xi, grad_outputs=g_out.to(f.dtype))
-        g = g.float().contiguous().reshape(-1, d)
+        g = flat(g.float().contiguous(memory_format=memory_format))
         with torch.no_grad():
             ok = loss <= loss_acc
-            s, y = x_try - x_acc, g - g_acc
-            sy = (s * y).sum(1)
-            pair = ok & torch.isfinite(loss_acc) & (sy > 1e-10 * s.norm(dim=1) * y.norm(dim=1))
+            all_ok = bool(ok.all())
+            s_k, y_k = x_try - x_acc, g - g_acc  # finite (a rejected sample's: unused)
+            sy = torch.bmm(s_k.unsqueeze(1), y_k.unsqueeze(2)).view(-1)
+            pair = ok & torch.isfinite(loss_acc) & (sy > 1e-10 * s_k.norm(dim=1) * y_k.norm(dim=1))
             sy = sy.clamp_min(1e-30)
-            s_hist[slot] = torch.where(pair[:, None], s, 0.0)
-            y_hist[slot] = torch.where(pair[:, None], y, 0.0)
-            rho[slot] = torch.where(pair, 1.0 / sy, 0.0)
-            gamma = torch.where(pair, sy / y.pow(2).sum(1).clamp_min(1e-30), gamma)
-            slot, filled = (slot + 1) % mem, min(filled + 1, mem)
-            x_acc = torch.where(ok[:, None], x_try, x_acc)
-            g_acc = torch.where(ok[:, None], g, g_acc)
-            loss_acc = torch.where(ok, loss, loss_acc)
+            pairs.append((s_k, y_k, torch.where(pair, 1.0 / sy, 0.0)))
+            gamma = torch.where(pair, sy / y_k.pow(2).sum(1).clamp_min(1e-30), gamma)
+            if all_ok:  # the usual case: no copies
+                x_acc, g_acc, loss_acc = x_try, g, loss
+            else:
+                x_acc = torch.where(ok[:, None], x_try, x_acc)
+                g_acc = torch.where(ok[:, None], g, g_acc)
+                loss_acc = torch.where(ok, loss, loss_acc)
             rejects = torch.where(ok, 0, rejects + 1)
             reset = rejects >= 6
             if bool(reset.any()):  # a sample stuck on its pairs: drop them, a gradient step
-                rho[:, reset] = 0
+                for _, _, rho_k in pairs:
+                    rho_k[reset] = 0
                 gamma[reset] = 0
-            gp = g_acc.masked_fill(((x_acc <= lo) & (g_acc > 0)) | ((x_acc >= hi) & (g_acc < 0)), 0)
+                rejects[reset] = 0
+            out_of_box = ((x_acc <= lo) & (g_acc > 0)) | ((x_acc >= hi) & (g_acc < 0))
+            gp = g_acc.masked_fill(out_of_box, 0)
             cap = recipe.step_at(t)
             fresh = gamma <= 0  # no pair yet: a gradient step of RMS ``cap``
             rms = gp.pow(2).mean(1).sqrt().clamp_min(1e-30)
             gamma = torch.where(fresh, cap / rms, gamma)
-            order = [(slot - filled + k) % mem for k in range(filled)]
-            new = _two_loop(gp, s_hist, y_hist, rho, gamma, order).neg_()
-            uphill = (new * gp).sum(1) >= 0
-            new = torch.where(uphill[:, None], -gamma[:, None] * gp, new)
+            s_l, y_l, rho_l = zip(*pairs)
+            new = _two_loop(gp, s_l, y_l, rho_l, gamma, range(len(pairs))).neg_()
+            slope = torch.bmm(new.unsqueeze(1), gp.unsqueeze(2)).view(-1)
+            if bool((slope >= 0).any()):  # not a descent direction: the scaled gradient
+                new = torch.where((slope >= 0)[:, None], -gamma[:, None] * gp, new)
             scale = (cap / new.pow(2).mean(1).sqrt().clamp_min(1e-30)).clamp(max=1.0)
             new.mul_(scale[:, None])
-            redo = ok | reset
-            direction = torch.where(redo[:, None], new, direction)
-            alpha = torch.where(redo, 1.0, alpha * 0.3)
-            rejects = torch.where(reset, 0, rejects)
-            x_try = (x_acc + alpha[:, None] * direction).clamp_(lo, hi)
+            if all_ok:
+                direction, alpha = new, torch.ones_like(alpha)
+            else:
+                redo = ok | reset
+                direction = torch.where(redo[:, None], new, direction)
+                alpha = torch.where(redo, 1.0, alpha * 0.3)
+            x_try = torch.addcmul(x_acc, direction, alpha[:, None]).clamp_(lo, hi)
             if tol2 is not None:
                 done = loss_acc < tol2
                 if bool(done.any()):  # stopped samples leave the batch with their state
                     out[rows[done]] = x_acc[done]
                     keep = ~done
-                    if not bool(keep.any()):
-                        rows = rows[keep]
-                        break
                     rows = rows[keep]
+                    if not len(rows):
+                        break
                     x_try, x_acc, g_acc = x_try[keep], x_acc[keep], g_acc[keep]
                     loss_acc, direction, alpha = loss_acc[keep], direction[keep], alpha[keep]
                     gamma, rejects = gamma[keep], rejects[keep]
-                    s_hist, y_hist, rho = s_hist[:, keep], y_hist[:, keep], rho[:, keep]
+                    kept = [(s_k[keep], y_k[keep], r_k[keep]) for s_k, y_k, r_k in pairs]
+                    pairs = collections.deque(kept, maxlen=recipe.history)
     with torch.no_grad():
         if len(rows):
             out[rows] = x_acc
-    return out.reshape(shape).contiguous(memory_format=memory_format).to(x.dtype), target
+    return image(out).to(x.dtype), target
 
 
 @torch.no_grad()
