@@ -396,3 +396,7 @@ def test_iris_command_prints_quality_and_recipe(tmp_path, capsys):
     out = capsys.readouterr().out
     assert code == 0 and "relative error median" in out
     assert "recipe: 2 sign steps 1/255 from uniform noise over the box, exact ReLU gradient" in out
+    code = main(["iris", "small_cnn", "blocks.0", "--cache", str(tmp_path), "--random-init",
+                 "--n", "8", "--steps", "3", "--optimizer", "lbfgs", "--history", "4"])  # fmt: skip
+    out = capsys.readouterr().out
+    assert code == 0 and "recipe: 3 per-sample L-BFGS steps (history 4, RMS step at most" in out
