@@ -620,14 +620,14 @@ def _optimise(
 ) -> tuple[Tensor, Tensor]:
     """The optimised IRIs of one batch (float, in the box) and the targets f(x);
     ``memory_format`` is how the front takes its inputs (:mod:`stitchlab._memory_format`)."""
-    if recipe.optimizer == "lbfgs":
-        return _optimise_lbfgs(front, x, recipe, gen, memory_format)
     lo, hi = recipe.box
     device = x.device
     x = x.contiguous(memory_format=memory_format)
     with torch.no_grad():
         target = front(x).float()
     target_norm = torch.linalg.vector_norm(target.flatten(1), dim=1).clamp_min(1e-12)
+    if recipe.optimizer == "lbfgs":
+        return _lbfgs(front, x, target, target_norm, recipe, gen, memory_format), target
     x_adv = _start(x, recipe, gen).clamp(lo, hi).contiguous(memory_format=memory_format)
     active = torch.ones(x.shape[0], dtype=torch.bool, device=device)
     m = v = None
@@ -680,15 +680,17 @@ def _optimise(
     return x_adv.detach(), target
 
 
+def _dot(a: Tensor, b: Tensor) -> Tensor:
+    """Per-sample dot products of two ``(B, D)`` tensors: one batched GEMV."""
+    return torch.bmm(a.unsqueeze(1), b.unsqueeze(2)).view(-1)
+
+
 def _two_loop(g: Tensor, s, y, rho, gamma: Tensor, order) -> Tensor:
     """L-BFGS's two-loop recursion for every sample at once: ``H g`` with the pairs
     ``s[k], y[k]`` (each ``(B, D)``) taken in ``order`` (oldest first); a pair whose
     ``rho[k]`` is 0 for a sample drops out for that sample (its ``s``, ``y`` must be
     finite)."""
-
-    def dot(a: Tensor, b: Tensor) -> Tensor:  # per-sample dot products: one batched GEMV
-        return torch.bmm(a.unsqueeze(1), b.unsqueeze(2)).view(-1)
-
+    dot = _dot
     q = g.clone()
     alphas = []
     for k in reversed(order):
@@ -701,16 +703,19 @@ def _two_loop(g: Tensor, s, y, rho, gamma: Tensor, order) -> Tensor:
     return r
 
 
-def _optimise_lbfgs(
+def _lbfgs(
     front: nn.Module,
     x: Tensor,
+    target: Tensor,
+    target_norm: Tensor,
     recipe: IRIRecipe,
     gen: torch.Generator,
-    memory_format: torch.memory_format = torch.contiguous_format,
-) -> tuple[Tensor, Tensor]:
-    """:func:`_optimise` with ``optimizer="lbfgs"``: L-BFGS on each sample's own squared
-    relative error, vectorised over the batch (each sample keeps its own curvature pairs,
-    step and acceptance, so a sample's IRI does not depend on the others of its batch).
+    memory_format: torch.memory_format,
+) -> Tensor:
+    """:func:`_optimise`'s IRIs with ``optimizer="lbfgs"`` (``x`` in ``memory_format``,
+    its targets and their norms given): L-BFGS on each sample's own squared relative
+    error, vectorised over the batch (each sample keeps its own curvature pairs, step and
+    acceptance, so a sample's IRI does not depend on the others of its batch).
 
     Every step costs one forward and backward of the front, as Adam's do: a trial point
     whose error is not below its sample's last accepted one is rejected and the sample
@@ -722,9 +727,6 @@ def _optimise_lbfgs(
     tolerance stop and leave the batch, with their state."""
     lo, hi = recipe.box
     shape = x.shape
-    x = x.contiguous(memory_format=memory_format)
-    with torch.no_grad():
-        target = front(x).float()
     n, d = shape[0], x[0].numel()
     # the state is flat per sample in the inputs' physical order (channels-last: N, H, W, C),
     # so that going to and from the front's layout is a view, not a copy
@@ -738,7 +740,7 @@ def _optimise_lbfgs(
 
     def image(v: Tensor) -> Tensor:
         return v.view(-1, *physical[1:]).permute(*inverse)
-    t_norm2 = target.flatten(1).pow(2).sum(1).clamp_min(1e-24)
+
     x_try = flat(_start(x, recipe, gen).clamp(lo, hi).float()).contiguous()
     out = x_try.clone()  # each sample's best (last accepted) point; stopped samples' final
     pairs: collections.deque = collections.deque(maxlen=recipe.history)  # (s, y, rho)
@@ -752,16 +754,16 @@ def _optimise_lbfgs(
         xi = image(x_try).detach().requires_grad_(True)
         with _autocast(x.device, recipe):
             f = front(xi)
-        diff = f.detach().float() - target[rows]
-        loss = diff.flatten(1).pow(2).sum(1) / t_norm2[rows]
-        g_out = diff.div_(t_norm2[rows].view(-1, *[1] * (diff.dim() - 1)))
-        (g,) = torch.autograd.grad(f, xi, grad_outputs=g_out.to(f.dtype))
+        err, g_out = _error_and_grad(f, target[rows], target_norm[rows])
+        loss = err.square()  # the gradient of loss / 2 is that of err, times err
+        g_out = g_out.mul_(err.view(-1, *[1] * (g_out.dim() - 1)).to(g_out.dtype))
+        (g,) = torch.autograd.grad(f, xi, grad_outputs=g_out)
         g = flat(g.float().contiguous(memory_format=memory_format))
         with torch.no_grad():
             ok = loss <= loss_acc
             all_ok = bool(ok.all())
             s_k, y_k = x_try - x_acc, g - g_acc  # finite (a rejected sample's: unused)
-            sy = torch.bmm(s_k.unsqueeze(1), y_k.unsqueeze(2)).view(-1)
+            sy = _dot(s_k, y_k)
             pair = ok & torch.isfinite(loss_acc) & (sy > 1e-10 * s_k.norm(dim=1) * y_k.norm(dim=1))
             sy = sy.clamp_min(1e-30)
             pairs.append((s_k, y_k, torch.where(pair, 1.0 / sy, 0.0)))
@@ -787,7 +789,7 @@ def _optimise_lbfgs(
             gamma = torch.where(fresh, cap / rms, gamma)
             s_l, y_l, rho_l = zip(*pairs)
             new = _two_loop(gp, s_l, y_l, rho_l, gamma, range(len(pairs))).neg_()
-            slope = torch.bmm(new.unsqueeze(1), gp.unsqueeze(2)).view(-1)
+            slope = _dot(new, gp)
             if bool((slope >= 0).any()):  # not a descent direction: the scaled gradient
                 new = torch.where((slope >= 0)[:, None], -gamma[:, None] * gp, new)
             scale = (cap / new.pow(2).mean(1).sqrt().clamp_min(1e-30)).clamp(max=1.0)
@@ -812,10 +814,9 @@ def _optimise_lbfgs(
                     gamma, rejects = gamma[keep], rejects[keep]
                     kept = [(s_k[keep], y_k[keep], r_k[keep]) for s_k, y_k, r_k in pairs]
                     pairs = collections.deque(kept, maxlen=recipe.history)
-    with torch.no_grad():
-        if len(rows):
-            out[rows] = x_acc
-    return image(out).to(x.dtype), target
+    if len(rows):
+        out[rows] = x_acc
+    return image(out).to(x.dtype)
 
 
 @torch.no_grad()
