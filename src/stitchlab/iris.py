@@ -18,7 +18,6 @@ int16 storage; uint8 levels are far too coarse for a waveform).
 
 from __future__ import annotations
 
-import collections
 import copy
 import dataclasses
 import hashlib
@@ -685,22 +684,84 @@ def _dot(a: Tensor, b: Tensor) -> Tensor:
     return torch.bmm(a.unsqueeze(1), b.unsqueeze(2)).view(-1)
 
 
-def _two_loop(g: Tensor, s, y, rho, gamma: Tensor, order) -> Tensor:
-    """L-BFGS's two-loop recursion for every sample at once: ``H g`` with the pairs
-    ``s[k], y[k]`` (each ``(B, D)``) taken in ``order`` (oldest first); a pair whose
-    ``rho[k]`` is 0 for a sample drops out for that sample (its ``s``, ``y`` must be
-    finite)."""
-    dot = _dot
-    q = g.clone()
-    alphas = []
-    for k in reversed(order):
-        a = rho[k] * dot(s[k], q)
-        q.addcmul_(y[k], a[:, None], value=-1.0)
-        alphas.append(a)
-    r = q.mul_(gamma[:, None])
-    for k, a in zip(order, reversed(alphas)):
-        r.addcmul_(s[k], (a - rho[k] * dot(y[k], r))[:, None])
-    return r
+class _Pairs:
+    """The last ``m`` L-BFGS curvature pairs of every sample, in the compact form of
+    Byrd, Nocedal and Schnabel (1994): the pairs stay in one ``(B, 2m, D)`` buffer (``s``
+    in rows ``:m``, ``y`` in rows ``m:``, a ring over slots) with their inner products
+    ``S^T Y`` and ``Y^T Y`` (float64), so that ``H g`` costs two batched matrix products
+    over the buffer, not the two-loop recursion's ``4m`` passes over ``(B, D)`` vectors.
+    A pair that is not valid for a sample is stored as zeros and drops out exactly."""
+
+    def __init__(self, n: int, d: int, m: int, like: Tensor) -> None:
+        self.m = m
+        self.w = like.new_zeros(n, 2 * m, d)
+        self.sy = torch.zeros(n, m, m, dtype=torch.float64, device=like.device)
+        self.yy = torch.zeros_like(self.sy)
+        self.valid = torch.zeros(n, m, dtype=torch.bool, device=like.device)
+        self.order: list[int] = []  # slots, oldest pair first
+        self._added = 0
+
+    def add(self, s: Tensor, y: Tensor, valid: Tensor, g: Tensor) -> Tensor:
+        """Store the pair ``(s, y)`` (``valid``: per sample) over the oldest one and
+        return ``[S Y]^T g`` for the next :meth:`apply` (one product for both)."""
+        m, k = self.m, self._added % self.m
+        self._added += 1
+        if len(self.order) == m:
+            self.order.pop(0)
+        self.order.append(k)
+        self.w[:, k] = s
+        self.w[:, m + k] = y
+        if not bool(valid.all()):
+            self.w[~valid, k] = 0
+            self.w[~valid, m + k] = 0
+        self.valid[:, k] = valid
+        vecs = torch.stack((self.w[:, k], self.w[:, m + k], g), dim=1)  # (B, 3, D)
+        dots = torch.bmm(vecs, self.w.transpose(1, 2)).double()  # (B, 3, 2m): the fast order
+        self.sy[:, :, k] = dots[:, 1, :m]  # s_i . y_k
+        self.sy[:, k, :] = dots[:, 0, m:]  # s_k . y_j
+        self.yy[:, :, k] = dots[:, 1, m:]
+        self.yy[:, k, :] = dots[:, 1, m:]
+        return dots[:, 2]
+
+    def forget(self, rows: Tensor) -> None:
+        """Drop every pair of the samples ``rows`` (a boolean mask)."""
+        self.w[rows] = 0
+        self.sy[rows] = 0
+        self.yy[rows] = 0
+        self.valid[rows] = False
+
+    def dots(self, g: Tensor) -> Tensor:
+        """``[S Y]^T g`` per sample, ``(B, 2m)`` in float64."""
+        return torch.bmm(g.unsqueeze(1), self.w.transpose(1, 2)).squeeze(1).double()
+
+    def apply(self, g: Tensor, wg: Tensor, gamma: Tensor) -> Tensor:
+        """``H g`` per sample, H the L-BFGS inverse Hessian from ``gamma * I`` and the
+        stored pairs; ``wg`` is ``[S Y]^T g`` (from :meth:`add` or :meth:`dots`)."""
+        out = g * gamma[:, None]
+        if not self.order:
+            return out
+        m, idx = self.m, torch.tensor(self.order, device=g.device)
+        valid = self.valid[:, idx]
+        sy = self.sy[:, idx][:, :, idx]
+        r = sy.triu().clone()  # R: s_i . y_j for i <= j, oldest first
+        diag = r.diagonal(dim1=1, dim2=2)
+        dg = torch.where(valid, diag, 0.0)
+        diag.copy_(torch.where(valid, diag, 1.0))  # an invalid pair's zeros drop out
+        a, b = wg[:, idx], wg[:, m + idx]
+        gam = gamma.double()[:, None]
+        u = torch.linalg.solve_triangular(r, a.unsqueeze(2), upper=True).squeeze(2)
+        yy = self.yy[:, idx][:, :, idx]
+        rhs = dg * u + gam * torch.bmm(yy, u.unsqueeze(2)).squeeze(2) - gam * b
+        p = torch.linalg.solve_triangular(r.transpose(1, 2), rhs.unsqueeze(2), upper=False)
+        coef = torch.zeros(g.shape[0], 2 * m, dtype=torch.float64, device=g.device)
+        coef[:, idx] = p.squeeze(2)
+        coef[:, m + idx] = -gam * u
+        return out.add_(torch.bmm(coef.to(g.dtype).unsqueeze(1), self.w).squeeze(1))
+
+    def select(self, keep: Tensor) -> None:
+        """Keep the samples ``keep`` (a boolean mask) only."""
+        self.w, self.sy, self.yy = self.w[keep], self.sy[keep], self.yy[keep]
+        self.valid = self.valid[keep]
 
 
 def _lbfgs(
@@ -717,7 +778,8 @@ def _lbfgs(
     error, vectorised over the batch (each sample keeps its own curvature pairs, step and
     acceptance, so a sample's IRI does not depend on the others of its batch).
 
-    Every step costs one forward and backward of the front, as Adam's do: a trial point
+    Every step costs one forward and backward of the front, as Adam's do, plus three
+    batched products over the ``(B, 2 * history, D)`` pair buffer (:class:`_Pairs`): a trial point
     whose error is not below its sample's last accepted one is rejected and the sample
     backs off to 0.3x the step along the same direction (after 6 rejections in a row its
     pairs are dropped and it takes a gradient step). A step's RMS over the sample's pixels
@@ -743,7 +805,7 @@ def _lbfgs(
 
     x_try = flat(_start(x, recipe, gen).clamp(lo, hi).float()).contiguous()
     out = x_try.clone()  # each sample's best (last accepted) point; stopped samples' final
-    pairs: collections.deque = collections.deque(maxlen=recipe.history)  # (s, y, rho)
+    pairs = _Pairs(n, d, recipe.history, x_try)
     rows = torch.arange(n, device=x.device)  # batch rows still optimised
     x_acc, g_acc = x_try.clone(), x_try.new_zeros(n, d)
     loss_acc = x_try.new_full((n,), float("inf"))
@@ -763,11 +825,9 @@ def _lbfgs(
             ok = loss <= loss_acc
             all_ok = bool(ok.all())
             s_k, y_k = x_try - x_acc, g - g_acc  # finite (a rejected sample's: unused)
-            sy = _dot(s_k, y_k)
-            pair = ok & torch.isfinite(loss_acc) & (sy > 1e-10 * s_k.norm(dim=1) * y_k.norm(dim=1))
-            sy = sy.clamp_min(1e-30)
-            pairs.append((s_k, y_k, torch.where(pair, 1.0 / sy, 0.0)))
-            gamma = torch.where(pair, sy / y_k.pow(2).sum(1).clamp_min(1e-30), gamma)
+            sy, yy = _dot(s_k, y_k), _dot(y_k, y_k)
+            pair = ok & torch.isfinite(loss_acc) & (sy > 1e-10 * s_k.norm(dim=1) * yy.sqrt())
+            gamma = torch.where(pair, sy.clamp_min(1e-30) / yy.clamp_min(1e-30), gamma)
             if all_ok:  # the usual case: no copies
                 x_acc, g_acc, loss_acc = x_try, g, loss
             else:
@@ -777,18 +837,18 @@ def _lbfgs(
             rejects = torch.where(ok, 0, rejects + 1)
             reset = rejects >= 6
             if bool(reset.any()):  # a sample stuck on its pairs: drop them, a gradient step
-                for _, _, rho_k in pairs:
-                    rho_k[reset] = 0
+                pairs.forget(reset)
+                pair = pair & ~reset
                 gamma[reset] = 0
                 rejects[reset] = 0
             out_of_box = ((x_acc <= lo) & (g_acc > 0)) | ((x_acc >= hi) & (g_acc < 0))
             gp = g_acc.masked_fill(out_of_box, 0)
+            wg = pairs.add(s_k, y_k, pair, gp)
             cap = recipe.step_at(t)
             fresh = gamma <= 0  # no pair yet: a gradient step of RMS ``cap``
             rms = gp.pow(2).mean(1).sqrt().clamp_min(1e-30)
             gamma = torch.where(fresh, cap / rms, gamma)
-            s_l, y_l, rho_l = zip(*pairs)
-            new = _two_loop(gp, s_l, y_l, rho_l, gamma, range(len(pairs))).neg_()
+            new = pairs.apply(gp, wg, gamma).neg_()
             slope = _dot(new, gp)
             if bool((slope >= 0).any()):  # not a descent direction: the scaled gradient
                 new = torch.where((slope >= 0)[:, None], -gamma[:, None] * gp, new)
@@ -812,8 +872,7 @@ def _lbfgs(
                     x_try, x_acc, g_acc = x_try[keep], x_acc[keep], g_acc[keep]
                     loss_acc, direction, alpha = loss_acc[keep], direction[keep], alpha[keep]
                     gamma, rejects = gamma[keep], rejects[keep]
-                    kept = [(s_k[keep], y_k[keep], r_k[keep]) for s_k, y_k, r_k in pairs]
-                    pairs = collections.deque(kept, maxlen=recipe.history)
+                    pairs.select(keep)
     if len(rows):
         out[rows] = x_acc
     return image(out).to(x.dtype)
