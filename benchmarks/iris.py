@@ -210,9 +210,64 @@ RECIPES = {
     "default": {},
     "lbfgs": {"optimizer": "lbfgs"},
     "lbfgs-0.15": {"optimizer": "lbfgs", "relu_slope": 0.15},
+    "lbfgs-0.15-h10": {"optimizer": "lbfgs", "relu_slope": 0.15, "history": 10},
     "lbfgs-0.15-h5": {"optimizer": "lbfgs", "relu_slope": 0.15, "history": 5},
 }
 
+
+def _two_loop(g, s, y, rho, gamma):
+    """The baseline: L-BFGS's two-loop recursion for every sample (stitchlab's before
+    the compact form), ``4 m`` passes over ``(B, D)`` vectors."""
+    q, alphas = g.clone(), []
+    for k in reversed(range(len(s))):
+        a = rho[k] * (s[k] * q).sum(1)
+        q.addcmul_(y[k], a[:, None], value=-1.0)
+        alphas.append(a)
+    r = q.mul_(gamma[:, None])
+    for k, a in zip(range(len(s)), reversed(alphas)):
+        r.addcmul_(s[k], (a - rho[k] * (y[k] * r).sum(1))[:, None])
+    return r
+
+
+def _pairs_row(m: int, batch: int, dim: int, repeats: int, gen: torch.Generator) -> dict:
+    """One row of :func:`measure_pairs`: history ``m``."""
+    from stitchlab.iris import _Pairs
+
+    a = torch.randn(dim, 16, generator=gen) / 4
+    s = [torch.randn(batch, dim, generator=gen) for _ in range(m)]
+    y = [sk + (sk @ a) @ a.T for sk in s]  # y = (I + A A^T) s: positive curvature
+    rho = [1.0 / (sk * yk).sum(1) for sk, yk in zip(s, y)]
+    g, gamma = torch.randn(batch, dim, generator=gen), torch.full((batch,), 0.5)
+    pairs, valid = _Pairs(batch, dim, m, g), torch.ones(batch, dtype=torch.bool)
+    for sk, yk in zip(s, y):
+        wg = pairs.add(sk, yk, valid, g)
+    ref = _two_loop(g, s, y, rho, gamma)
+    diff = ((pairs.apply(g, wg, gamma) - ref).norm(dim=1) / ref.norm(dim=1)).max().item()
+    sec = {"two-loop": math.inf, "compact": math.inf}
+    for _ in range(3):
+        t0 = time.perf_counter()
+        for _ in range(repeats):
+            _two_loop(g, s, y, rho, gamma)
+        sec["two-loop"] = min(sec["two-loop"], (time.perf_counter() - t0) / repeats)
+        t0 = time.perf_counter()
+        for _ in range(repeats):  # the ring is full: each pair replaces the oldest
+            pairs.apply(g, pairs.add(s[0], y[0], valid, g), gamma)
+        sec["compact"] = min(sec["compact"], (time.perf_counter() - t0) / repeats)
+    return {
+        "history": m, "two-loop ms": f"{sec['two-loop'] * 1e3:.2f}",
+        "compact ms (pair stored + H g)": f"{sec['compact'] * 1e3:.2f}",
+        "speed-up": f"{sec['two-loop'] / sec['compact']:.2f}x",
+        "max relative difference": f"{diff:.1e}",
+    }  # fmt: skip
+
+
+def measure_pairs(batch: int = 32, dim: int = 3072, repeats: int = 50) -> list[dict]:
+    """Milliseconds per L-BFGS step outside the network: storing a pair and ``H g`` by the
+    compact form (:class:`stitchlab.iris._Pairs`) against the two-loop recursion, per
+    history length, on ``batch`` samples of ``dim`` pixels (a 32x32 RGB image: 3072), and
+    the largest relative difference of the two products on the same pairs."""
+    gen = torch.Generator().manual_seed(0)
+    return [_pairs_row(m, batch, dim, repeats, gen) for m in (5, 10, 20)]
 
 def _quality_rows(model, src, points, presets, repeats: int) -> list[dict]:
     """Seconds and median error of each recipe's IRIs of ``src`` at each point (names of
@@ -290,10 +345,11 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=3, help="time-to-quality runs per recipe")
     ap.add_argument(
-        "--tables", choices=("both", "released", "quality", "memory", "amp", "fold"),
+        "--tables", choices=("both", "released", "quality", "memory", "amp", "fold", "pairs"),
         default="both",
         help="released-loop table, time-to-quality table, both, the memory-format table, "
-        "bfloat16 autocast against float32, or BatchNorm folded against as it is",
+        "bfloat16 autocast against float32, BatchNorm folded against as it is, or "
+        "L-BFGS's compact pairs against the two-loop recursion",
     )  # fmt: skip
     ap.add_argument("--config", help="time to quality on a stored front of this experiment")
     ap.add_argument("--store", help="with --config: its store")
@@ -320,6 +376,13 @@ def main() -> None:
         print(markdown_table(rows))
         return
     torch.set_num_threads(args.threads)
+    if args.tables == "pairs":
+        from stitchlab.report import markdown_table
+
+        print(f"L-BFGS outside the network: one pair stored and H g per step, batch 32, "
+              f"3072 pixels, {args.threads} threads, fastest of 3 runs of 50")  # fmt: skip
+        print(markdown_table(measure_pairs()))
+        return
     settings = {  # table: (what it compares, its baseline, its measurement)
         "memory": ("Memory format", "contiguous", measure_memory_format),
         "amp": ("Arithmetic", "float32", measure_amp),
