@@ -697,24 +697,24 @@ class _Pairs:
         self.w = like.new_zeros(n, 2 * m, d)
         self.sy = torch.zeros(n, m, m, dtype=torch.float64, device=like.device)
         self.yy = torch.zeros_like(self.sy)
-        self.valid = torch.zeros(n, m, dtype=torch.bool, device=like.device)
-        self.order: list[int] = []  # slots, oldest pair first
-        self._added = 0
+        self._added = 0  # pairs stored so far; the next goes to slot _added % m
+
+    @property
+    def order(self) -> list[int]:
+        """The slots that hold pairs, oldest first."""
+        count = min(self._added, self.m)
+        return [(self._added - count + i) % self.m for i in range(count)]
 
     def add(self, s: Tensor, y: Tensor, valid: Tensor, g: Tensor) -> Tensor:
         """Store the pair ``(s, y)`` (``valid``: per sample) over the oldest one and
         return ``[S Y]^T g`` for the next :meth:`apply` (one product for both)."""
         m, k = self.m, self._added % self.m
         self._added += 1
-        if len(self.order) == m:
-            self.order.pop(0)
-        self.order.append(k)
         self.w[:, k] = s
         self.w[:, m + k] = y
-        if not bool(valid.all()):
+        if not bool(valid.all()):  # stored as zeros: s . y = 0 marks it invalid
             self.w[~valid, k] = 0
             self.w[~valid, m + k] = 0
-        self.valid[:, k] = valid
         vecs = torch.stack((self.w[:, k], self.w[:, m + k], g), dim=1)  # (B, 3, D)
         dots = torch.bmm(vecs, self.w.transpose(1, 2)).double()  # (B, 3, 2m): the fast order
         self.sy[:, :, k] = dots[:, 1, :m]  # s_i . y_k
@@ -728,7 +728,6 @@ class _Pairs:
         self.w[rows] = 0
         self.sy[rows] = 0
         self.yy[rows] = 0
-        self.valid[rows] = False
 
     def dots(self, g: Tensor) -> Tensor:
         """``[S Y]^T g`` per sample, ``(B, 2m)`` in float64."""
@@ -738,13 +737,12 @@ class _Pairs:
         """``H g`` per sample, H the L-BFGS inverse Hessian from ``gamma * I`` and the
         stored pairs; ``wg`` is ``[S Y]^T g`` (from :meth:`add` or :meth:`dots`)."""
         out = g * gamma[:, None]
-        if not self.order:
+        if not self._added:
             return out
         m, idx = self.m, torch.tensor(self.order, device=g.device)
-        valid = self.valid[:, idx]
-        sy = self.sy[:, idx][:, :, idx]
-        r = sy.triu().clone()  # R: s_i . y_j for i <= j, oldest first
+        r = self.sy[:, idx][:, :, idx].triu()  # R: s_i . y_j for i <= j, oldest first
         diag = r.diagonal(dim1=1, dim2=2)
+        valid = diag > 0  # a stored pair has s . y > 0; an invalid one is zeros
         dg = torch.where(valid, diag, 0.0)
         diag.copy_(torch.where(valid, diag, 1.0))  # an invalid pair's zeros drop out
         a, b = wg[:, idx], wg[:, m + idx]
@@ -761,7 +759,6 @@ class _Pairs:
     def select(self, keep: Tensor) -> None:
         """Keep the samples ``keep`` (a boolean mask) only."""
         self.w, self.sy, self.yy = self.w[keep], self.sy[keep], self.yy[keep]
-        self.valid = self.valid[keep]
 
 
 def _lbfgs(
