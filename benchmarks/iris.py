@@ -202,16 +202,20 @@ def measure_fold(width: int = 16, batch: int = 128, steps: int = 20, repeats: in
 
 
 #: Recipes of the time-to-quality tables by name: presets, and the per-sample L-BFGS
-#: optimiser on the default's other settings (its surrogate slope 0.1, or 0.15; history 20,
-#: or 5).
+#: optimiser on v2's other settings (its surrogate slope 0.1, or 0.15; history 20, 10 or 5)
+#: or on today's default's (lbfgs-smooth).
 RECIPES = {
     "paper": {"preset": "paper"},
     "v1": {"preset": "v1"},
+    "v2": {"preset": "v2"},
     "default": {},
-    "lbfgs": {"optimizer": "lbfgs"},
-    "lbfgs-0.15": {"optimizer": "lbfgs", "relu_slope": 0.15},
-    "lbfgs-0.15-h10": {"optimizer": "lbfgs", "relu_slope": 0.15, "history": 10},
-    "lbfgs-0.15-h5": {"optimizer": "lbfgs", "relu_slope": 0.15, "history": 5},
+    "default-200": {"steps": 200},
+    "default-170": {"steps": 170},
+    "lbfgs": {"preset": "v2", "optimizer": "lbfgs"},
+    "lbfgs-0.15": {"preset": "v2", "optimizer": "lbfgs", "relu_slope": 0.15},
+    "lbfgs-0.15-h10": {"preset": "v2", "optimizer": "lbfgs", "relu_slope": 0.15, "history": 10},
+    "lbfgs-0.15-h5": {"preset": "v2", "optimizer": "lbfgs", "relu_slope": 0.15, "history": 5},
+    "lbfgs-smooth": {"optimizer": "lbfgs"},
 }
 
 

@@ -29,19 +29,25 @@ def _net() -> nn.Module:
 def test_default_variant_reproduces_generate_iris():
     net = _net()
     x = torch.rand(6, 3, 12, 12, generator=torch.Generator().manual_seed(1))
-    with mode("0"):  # both in NCHW, so the two loops round alike
-        ref = generate_iris(net, "5", x, steps=30, seed=0)
-        front = alternatives.annealable_front(net, "5")
-        med, p90, rms = alternatives.adam_variant(front, x, steps=30)
-    assert med == pytest.approx(float(ref.rel_error.median()), abs=1e-4)
-    assert p90 == pytest.approx(float(ref.rel_error.quantile(0.9)), abs=1e-4)
-    assert med < 0.5  # it optimised: 30 steps from uniform noise
+    # the loop's plain row is the default of early December 2026 (preset "v2"); with the
+    # smooth inner gradient, beta2 0.95 and no outward momentum it is today's default
+    for recipe, kw in (({"preset": "v2"}, {}),
+                       ({}, {"smooth": (0.3, 0.05), "b2": 0.95, "project": True})):  # fmt: skip
+        with mode("0"):  # both in NCHW, so the two loops round alike
+            ref = generate_iris(net, "5", x, steps=30, seed=0, **recipe)
+            front = alternatives.annealable_front(net, "5")
+            med, p90, rms = alternatives.adam_variant(front, x, steps=30, **kw)
+        assert med == pytest.approx(float(ref.rel_error.median()), abs=1e-4)
+        assert p90 == pytest.approx(float(ref.rel_error.quantile(0.9)), abs=1e-4)
+        assert med < 0.5  # it optimised: 30 steps from uniform noise
 
 
 @pytest.mark.parametrize(
     "kw",
     [{"gate": "union"}, {"gate": "source"}, {"nesterov": True}, {"project": True},
-     {"weight": ("location", 0.5)}, {"weight": ("unit", 1.0)}, {"ema": 0.9}],
+     {"weight": ("location", 0.5)}, {"weight": ("unit", 1.0)}, {"ema": 0.9},
+     {"restart": "value"}, {"restart": "gradient", "b1": 0.95}, {"smooth": (0.3, 0.05)},
+     {"smooth": (0.3, 0.0), "hard": True}],
 )  # fmt: skip
 def test_variants_run_and_leave_the_front_plain(kw):
     net = _net()
@@ -50,6 +56,7 @@ def test_variants_run_and_leave_the_front_plain(kw):
     med, p90, rms = alternatives.adam_variant(front, x, steps=10, **kw)
     assert 0 <= med <= p90 and rms > 0
     assert alternatives._GATE["mode"] is None and not alternatives._GATE["masks"]
+    assert alternatives._SMOOTH["c"] is None and not alternatives._SMOOTH["taus"]
     # the same front afterwards is the plain surrogate again
     med2, *_ = alternatives.adam_variant(front, x, steps=10)
     med3, *_ = alternatives.adam_variant(alternatives.annealable_front(net, "5"), x, steps=10)

@@ -316,7 +316,7 @@ def test_surrogate_relu_gradient_and_fronts():
     # the recipe: validated, and in the key only when used
     assert "relu_slope" not in IRIRecipe(relu_grad="straight_through").key_dict()
     assert "relu_slope" not in IRIRecipe.from_kwargs(preset="v1").key_dict()
-    assert IRIRecipe().key_dict()["relu_slope"] == 0.1  # the default since December 2026
+    assert IRIRecipe.from_kwargs(preset="v2").key_dict()["relu_slope"] == 0.1  # Dec 2026 default
     assert IRIRecipe(relu_grad="surrogate", relu_slope=0.2).key_dict()["relu_slope"] == 0.2
     with pytest.raises(ValueError, match="relu_slope"):
         IRIRecipe.from_kwargs(relu_grad="surrogate", relu_slope=1.0)
@@ -375,6 +375,12 @@ def test_recipe_describe_names_every_choice():
     from stitchlab.iris import IRIRecipe
 
     assert IRIRecipe().describe() == (
+        "180 adam steps 0.1 -> 0.01 (beta2 0.95, no momentum out of the box) from uniform "
+        "noise over the box, ReLU gradient smooth inside (sigmoid of width 0.3 x the "
+        "source's sd, at least 0.05), straight through at the output, per-sample "
+        "tolerance 0.01, box (0, 1), stored as uint8"
+    )
+    assert IRIRecipe.from_kwargs(preset="v2").describe() == (
         "200 adam steps 0.1 -> 0.01 from uniform noise over the box, ReLU gradient "
         "surrogate (slope 0.1) inside, straight through at the output, per-sample "
         "tolerance 0.01, box (0, 1), stored as uint8"

@@ -207,8 +207,47 @@ class _GatedReLU(torch.autograd.Function):
         return grad * torch.where(on, 1.0, _SLOPE[0]).to(grad.dtype), None
 
 
+# with ``smooth=(c, floor)``: the inner ReLUs' backward is max(floor, sigmoid(x / tau)),
+# tau = c x the source's pre-activation's standard deviation over the map, per sample and
+# channel (recorded once, at the target's forward, then indexed by the active rows)
+_SMOOTH: dict = {"c": None, "floor": 0.0, "record": False, "taus": [], "k": 0, "hard": False}
+
+
+class _SmoothReLU(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, inv_tau, floor):  # noqa: D102
+        ctx.save_for_backward(x, inv_tau)
+        ctx.floor = floor
+        return x.clamp_min(0)
+
+    @staticmethod
+    def backward(ctx, grad):  # noqa: D102
+        x, inv_tau = ctx.saved_tensors
+        if _SMOOTH["hard"]:  # piecewise linear: 0.5 + x / (4 tau), clamped to [0, 1]
+            d = (x * (0.25 * inv_tau)).add_(0.5).clamp_(0.0, 1.0)
+        else:
+            d = torch.sigmoid(x * inv_tau)
+        if ctx.floor:
+            d.clamp_min_(ctx.floor)
+        return grad * d, None, None
+
+
+def _smooth_relu(x: torch.Tensor) -> torch.Tensor:
+    if _SMOOTH["record"]:
+        dims = tuple(range(2, x.dim())) or (1,)
+        sd = x.float().std(dim=dims, keepdim=True).clamp_min(1e-6)
+        _SMOOTH["taus"].append((sd * _SMOOTH["c"]).reciprocal())
+        return x.clamp_min(0)
+    inv = _SMOOTH["taus"][_SMOOTH["k"]]
+    _SMOOTH["k"] += 1
+    idx = _GATE["idx"]
+    return _SmoothReLU.apply(x, inv if idx is None else inv[idx], _SMOOTH["floor"])
+
+
 def _annealed_relu(x: torch.Tensor) -> torch.Tensor:
     mode = _GATE["mode"]
+    if _SMOOTH["c"] is not None:
+        return _smooth_relu(x)
     if mode is None:
         return _SurrogateReLU.apply(x, _SLOPE[0], False)
     if mode == "record":
@@ -240,7 +279,8 @@ def _residual_weight(target: torch.Tensor, kind: str, power: float) -> torch.Ten
 def adam_variant(front, x, steps=200, lr0=0.1, lr1=0.01, b1=0.9, b2=0.999, schedule="geom",
                  adapt=None, best=False, slope=(0.1, 0.1), tol=0.01, start="noise",
                  start_scale=0.003, gate=None, nesterov=False, project=False,
-                 weight=None, ema=None) -> tuple[float, float, float]:  # fmt: skip
+                 weight=None, ema=None, restart=None,
+                 smooth=None, hard=False) -> tuple[float, float, float]:  # fmt: skip
     """stitchlab's default loop with the knobs above; (median, p90 after uint8, median
     pixel RMS distance to the source). With the defaults it reproduces the recipe.
     ``gate``: "union" or "source" (see ``_GATE``); ``nesterov``: NAdam's look-ahead;
@@ -249,11 +289,21 @@ def adam_variant(front, x, steps=200, lr0=0.1, lr1=0.01, b1=0.9, b2=0.999, sched
     gradient by 1 / (the target's mean square energy per channel, per map position or per
     unit, plus its mean) to that power, normalised to mean 1 (the error stays unweighted);
     ``ema``: return the exponential moving average (this decay) of the iterates of the
-    second half of the run instead of the last iterate (Polyak averaging)."""
+    second half of the run instead of the last iterate (Polyak averaging);
+    ``restart``: adaptive momentum restart per sample (O'Donoghue and Candes): zero a
+    sample's first moment (and restart its bias correction) when its error rose over the
+    last step (``"value"``) or when its last step pointed uphill, i.e. the gradient has a
+    positive inner product with that step (``"gradient"``); ``smooth``: (c, floor): the
+    inner ReLUs' backward is max(floor, sigmoid(x / (c x the channel's pre-activation
+    standard deviation over the source's map, per sample))) instead of the surrogate slope
+    (see ``_SMOOTH``)."""
     gen = _batch_generator(0, 0)  # the noise of generate_iris's first batch, seed 0
     _GATE.update(mode="record" if gate else None, masks=[], k=0, idx=None)
+    _SMOOTH.update(c=smooth[0] if smooth else None, floor=smooth[1] if smooth else 0.0,
+                   record=bool(smooth), taus=[], k=0, hard=hard)
     with torch.no_grad():
         target = front(x).float()
+    _SMOOTH["record"] = False
     _GATE["mode"] = gate
     tn = target.flatten(1).norm(dim=1).clamp_min(1e-12)
     w = _residual_weight(target, *weight) if weight else None
@@ -264,6 +314,8 @@ def adam_variant(front, x, steps=200, lr0=0.1, lr1=0.01, b1=0.9, b2=0.999, sched
     best_err, best_x = torch.full((n,), float("inf")), xa.clone()
     active = torch.ones(n, dtype=torch.bool)
     avg = None  # with ema: the moving average of the iterates
+    age = torch.zeros(n)  # steps since each sample's first moment was (re)started
+    last_step = torch.zeros_like(xa)
     for t in range(steps):
         frac = t / (steps - 1)
         _SLOPE[0] = slope[0] + (slope[1] - slope[0]) * frac
@@ -273,6 +325,7 @@ def adam_variant(front, x, steps=200, lr0=0.1, lr1=0.01, b1=0.9, b2=0.999, sched
             lr = lr1 + 0.5 * (lr0 - lr1) * (1 + math.cos(math.pi * frac))
         idx = active.nonzero().squeeze(1)
         _GATE.update(k=0, idx=idx)
+        _SMOOTH["k"] = 0
         xi = xa[idx].detach().requires_grad_(True)
         f = front(xi)
         err, g = _error_and_grad(f, target[idx], tn[idx])
@@ -290,6 +343,15 @@ def adam_variant(front, x, steps=200, lr0=0.1, lr1=0.01, b1=0.9, b2=0.999, sched
                                         (mult[idx] * adapt[0]).clamp(max=4.0))  # fmt: skip
                 prev[idx] = err
             mi, vi = m[idx], v[idx]
+            if restart is not None:
+                if restart == "value":
+                    up = err > prev[idx]
+                    prev[idx] = err
+                else:
+                    up = (grad * last_step[idx]).flatten(1).sum(1) > 0
+                mi[up] = 0
+                age[idx[up]] = 0
+            age[idx] += 1
             mi.mul_(b1).add_(grad, alpha=1 - b1)
             vi.mul_(b2).addcmul_(grad, grad, value=1 - b2)
             denom = (vi / (1 - b2 ** (t + 1))).sqrt_().add_(1e-8)
@@ -297,18 +359,22 @@ def adam_variant(front, x, steps=200, lr0=0.1, lr1=0.01, b1=0.9, b2=0.999, sched
             if nesterov:  # NAdam: the next step's momentum plus this gradient's share
                 mhat = b1 * mi / (1 - b1 ** (t + 2)) + (1 - b1) * grad / (1 - b1 ** (t + 1))
             else:
-                mhat = mi / (1 - b1 ** (t + 1))
+                mhat = mi / _bc(1 - b1 ** age[idx], mi)
             new = xi.detach() - _bc(step, mi) * mhat / denom
             if project:  # a pixel pushed past the box keeps no momentum pointing out of it
                 mi[((new < 0) & (mi > 0)) | ((new > 1) & (mi < 0))] = 0
             m[idx], v[idx] = mi, vi
-            xa[idx] = new.clamp_(0, 1)
+            new.clamp_(0, 1)
+            if restart == "gradient":
+                last_step[idx] = new - xi.detach()
+            xa[idx] = new
             if ema is not None and t >= steps // 2:
                 avg = xa.clone() if avg is None else avg.mul_(ema).add_(xa, alpha=1 - ema)
             active[idx[err < tol]] = False
             if not active.any():
                 break
     _GATE.update(k=0, idx=None)
+    _SMOOTH.update(c=None, taus=[])  # the forward below is a plain ReLU's
     if avg is not None:
         xa = avg
     if best:
@@ -352,6 +418,43 @@ VARIANTS = {
     "no momentum out of the box": {"project": True},
     "inner gradient 1 where IRI or source unit on": {"gate": "union"},
     "inner gradient 1 where source unit on": {"gate": "source"},
+    "beta2 0.99 + slope 0.2 -> 0.05 + no momentum out of the box": {
+        "b2": 0.99, "slope": (0.2, 0.05), "project": True},
+    "value restart": {"restart": "value"},
+    "value restart, beta1 0.95": {"restart": "value", "b1": 0.95},
+    "value restart, beta1 0.98": {"restart": "value", "b1": 0.98},
+    "gradient restart": {"restart": "gradient"},
+    "gradient restart, beta1 0.95": {"restart": "gradient", "b1": 0.95},
+    "gradient restart, beta1 0.98": {"restart": "gradient", "b1": 0.98},
+    "beta2 0.99 + slope 0.3 -> 0 + no momentum out of the box": {
+        "b2": 0.99, "slope": (0.3, 0.0), "project": True},
+    "beta2 0.99 + slope 0.2 -> 0 + no momentum out of the box": {
+        "b2": 0.99, "slope": (0.2, 0.0), "project": True},
+    "beta2 0.95 + slope 0.2 -> 0.05 + no momentum out of the box": {
+        "b2": 0.95, "slope": (0.2, 0.05), "project": True},
+    "beta2 0.99 + slope 0.2 -> 0.05 + no momentum out of the box, 0.1 -> 0.02": {
+        "b2": 0.99, "slope": (0.2, 0.05), "project": True, "lr1": 0.02},
+    "smooth inner ReLU gradient, tau 0.3 sd": {"smooth": (0.3, 0.0)},
+    "smooth inner ReLU gradient, tau 1 sd": {"smooth": (1.0, 0.0)},
+    "smooth inner ReLU gradient, tau 0.3 sd, floor 0.05": {"smooth": (0.3, 0.05)},
+    "smooth inner ReLU gradient, tau 0.2 sd, floor 0.05": {"smooth": (0.2, 0.05)},
+    "smooth inner ReLU gradient, tau 0.5 sd, floor 0.05": {"smooth": (0.5, 0.05)},
+    "smooth 0.3 sd, floor 0.05 + beta2 0.95 + no momentum out of the box": {
+        "smooth": (0.3, 0.05), "b2": 0.95, "project": True},
+    "beta2 0.95 + slope 0.1 + no momentum out of the box": {"b2": 0.95, "project": True},
+    "beta2 0.95": {"b2": 0.95},
+    "smooth 0.3 sd (hard sigmoid), floor 0.05 + beta2 0.95 + no momentum out of the box": {
+        "smooth": (0.3, 0.05), "hard": True, "b2": 0.95, "project": True},
+    "smooth 0.4 sd, floor 0.05 + beta2 0.95 + no momentum out of the box": {
+        "smooth": (0.4, 0.05), "b2": 0.95, "project": True},
+    "smooth 0.3 sd, floor 0.05 + beta2 0.9 + no momentum out of the box": {
+        "smooth": (0.3, 0.05), "b2": 0.9, "project": True},
+    "smooth 0.3 sd + beta2 0.95 + no momentum out of the box": {
+        "smooth": (0.3, 0.0), "b2": 0.95, "project": True},
+    "smooth 0.4 sd + beta2 0.95 + no momentum out of the box": {
+        "smooth": (0.4, 0.0), "b2": 0.95, "project": True},
+    "smooth 0.3 sd, floor 0.05 + beta2 0.95 + no momentum out of the box, 0.1 -> 0.02": {
+        "smooth": (0.3, 0.05), "b2": 0.95, "project": True, "lr1": 0.02},
 }  # fmt: skip
 
 

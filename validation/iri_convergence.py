@@ -48,24 +48,34 @@ RECIPES = {
                                             "relu_slope": 0.1},
     "default + surrogate inner ReLUs 0.3": {"preset": "v1", "relu_grad": "surrogate",
                                             "relu_slope": 0.3},
-    # stitchlab's default since December 2026
-    "adam 0.1->0.01 + surrogate 0.1": {},
-    "adam 0.1->0.01 + surrogate 0.2": {"relu_slope": 0.2},
+    # stitchlab's default from early December 2026 to 2026-12-04 (preset "v2")
+    "adam 0.1->0.01 + surrogate 0.1": {"preset": "v2"},
+    "adam 0.1->0.01 + surrogate 0.2": {"preset": "v2", "relu_slope": 0.2},
     # the default's three parts taken apart (optimiser, schedule, ReLU gradient)
-    "adam 0.1->0.01 + exact ReLU gradient": {"relu_grad": "exact", "tolerance": None},
-    "adam 0.1->0.01 + ST final ReLU": {"relu_grad": "straight_through"},
-    "sign 8/255->0.5/255 + surrogate 0.1": {"optimizer": "sign", "step_size": 8 / 255,
+    "adam 0.1->0.01 + exact ReLU gradient": {"preset": "v2", "relu_grad": "exact",
+                                             "tolerance": None},
+    "adam 0.1->0.01 + ST final ReLU": {"preset": "v2", "relu_grad": "straight_through"},
+    "sign 8/255->0.5/255 + surrogate 0.1": {"preset": "v2", "optimizer": "sign",
+                                            "step_size": 8 / 255,
                                             "final_step_size": 0.5 / 255, "tolerance": None},
-    "l2 0.01->0.0005 + surrogate 0.1": {"optimizer": "l2", "step_size": 0.01,
+    "l2 0.01->0.0005 + surrogate 0.1": {"preset": "v2", "optimizer": "l2", "step_size": 0.01,
                                         "final_step_size": 0.0005, "tolerance": None},
     # per-sample L-BFGS (optimizer="lbfgs"): the step schedule caps each step's pixel RMS
-    "lbfgs 0.1->0.01 + surrogate 0.1": {"optimizer": "lbfgs"},
-    "lbfgs 0.1->0.01 + surrogate 0.15": {"optimizer": "lbfgs", "relu_slope": 0.15},
+    "lbfgs 0.1->0.01 + surrogate 0.1": {"preset": "v2", "optimizer": "lbfgs"},
+    "lbfgs 0.1->0.01 + surrogate 0.15": {"preset": "v2", "optimizer": "lbfgs",
+                                         "relu_slope": 0.15},
+    "lbfgs 0.1->0.01 + smooth 0.3": {"optimizer": "lbfgs"},
     # quieter starts: Gaussian noise around mid-grey instead of uniform over the box
-    "quiet start 0.1 + adam 0.05->0.01": {"start": "scaled_noise", "start_scale": 0.1,
-                                         "step_size": 0.05},
-    "quiet start 0.1 + adam 0.03->0.01": {"start": "scaled_noise", "start_scale": 0.1,
-                                         "step_size": 0.03},
+    "quiet start 0.1 + adam 0.05->0.01": {"preset": "v2", "start": "scaled_noise",
+                                         "start_scale": 0.1, "step_size": 0.05},
+    "quiet start 0.1 + adam 0.03->0.01": {"preset": "v2", "start": "scaled_noise",
+                                         "start_scale": 0.1, "step_size": 0.03},
+    # stitchlab's default since 2026-12-04: the smooth inner ReLU gradient (sigmoid of
+    # width 0.3 x the source's sd), Adam's beta2 0.95, no momentum out of the box
+    "default (adam + smooth 0.3 + beta2 0.95)": {},
+    "v2 + smooth 0.3": {"preset": "v2", "relu_grad": "smooth"},
+    "v2 + beta2 0.95 + no outward momentum": {"preset": "v2", "adam_beta2": 0.95,
+                                              "drop_outward_momentum": True},
 }  # fmt: skip
 
 

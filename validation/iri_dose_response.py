@@ -45,12 +45,15 @@ LEVELS = {  # from rough to converged; "default" names stitchlab's default befor
     "default (200 steps)": {"preset": "v1"},
     "surrogate 0.1 (200 steps)": {"preset": "v1", "relu_grad": "surrogate", "relu_slope": 0.1},
     "default, 400 steps": {"preset": "v1", "steps": 400},
-    TODAY: {},
-    "today's default, 400 steps": {"steps": 400},
-    "today's default, 800 steps": {"steps": 800},
+    # "today" was early December 2026 to 2026-12-04: preset "v2", as the pages name it
+    TODAY: {"preset": "v2"},
+    "today's default, 400 steps": {"preset": "v2", "steps": 400},
+    "today's default, 800 steps": {"preset": "v2", "steps": 800},
     # a quieter start: Gaussian noise (sd 0.1) around mid-grey, smaller first steps
-    "quiet start 0.1 + adam 0.03->0.01": {"start": "scaled_noise", "start_scale": 0.1,
-                                         "step_size": 0.03},
+    "quiet start 0.1 + adam 0.03->0.01": {"preset": "v2", "start": "scaled_noise",
+                                         "start_scale": 0.1, "step_size": 0.03},
+    # stitchlab's default since 2026-12-04
+    "smooth 0.3 + beta2 0.95 (the default since 2026-12-04)": {},
 }  # fmt: skip
 
 

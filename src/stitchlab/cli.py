@@ -501,10 +501,10 @@ def _parser() -> argparse.ArgumentParser:
     ir.add_argument("model", help="checkpoint path or registered model name")
     ir.add_argument("point")
     ir.add_argument("--cache", required=True, help="IRI cache folder")
-    ir.add_argument("--preset", default="default", choices=("default", "paper", "v1"),
-                    help="stitchlab's recipe (Adam, 200 steps, tolerance 0.01), the "
-                    "paper's (200 signed steps of 1/255) or stitchlab's earlier default "
-                    "(v1)")  # fmt: skip
+    ir.add_argument("--preset", default="default", choices=("default", "paper", "v1", "v2"),
+                    help="stitchlab's recipe (Adam, 180 steps, smooth inner ReLU gradient, "
+                    "tolerance 0.01), the paper's (200 signed steps of 1/255) or stitchlab's "
+                    "earlier defaults (v1, v2)")  # fmt: skip
     ir.add_argument("--steps", type=int, default=None, help="override the preset's steps")
     ir.add_argument("--step-size", type=float, default=None)
     ir.add_argument("--final-step-size", type=float, default=None)

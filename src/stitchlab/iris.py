@@ -75,15 +75,17 @@ class IRIRecipe:
     """How IRIs are optimised.
 
     The defaults are stitchlab's recipe, chosen by the convergence study of
-    docs/validation/iri_convergence.md: 200 Adam steps whose size decays geometrically
-    from 0.1 to 0.01 (box units), from uniform noise over the box, the gradient passed
-    straight through a ReLU that ends the front and with slope ``relu_slope`` (0.1)
-    through the front's inner ReLUs (``relu_grad="surrogate"``), and a sample stops once
+    docs/validation/iri_convergence.md: 180 Adam steps whose size decays geometrically
+    from 0.1 to 0.01 (box units), second-moment decay ``adam_beta2`` 0.95, the momentum
+    that pushes a pixel out of the box dropped (``drop_outward_momentum``), from uniform
+    noise over the box, the gradient passed straight through a ReLU that ends the front
+    and smoothly through its inner ReLUs (``relu_grad="smooth"``), and a sample stops once
     its relative error is below ``tolerance`` (0.01). :meth:`paper` is PROTOCOL section 3
     exactly (200 signed steps of 1/255, no early stop), also reachable as
     ``preset="paper"`` wherever recipe options are given; ``preset="v1"`` is stitchlab's
     earlier default (Adam 0.05 -> 0.002, straight-through final ReLU only), with which
-    the pages measured before December 2026 were made.
+    the pages measured before December 2026 were made, and ``preset="v2"`` the default of
+    December 2026 up to the 4th (``relu_grad="surrogate"``, Adam's usual beta2 0.999).
 
     ``relu_grad="straight_through"`` backpropagates through a ReLU that ends the front
     (a post-activation point) as if it were the identity, as model-metamer work does: a
@@ -93,7 +95,12 @@ class IRIRecipe:
     the prefix, backpropagates a slope of ``relu_slope`` where the unit is off (a leaky
     ReLU's derivative; 0 is the exact gradient, 1 the identity, which diverges: the
     linearised net is a poor guide), so that units dead inside the prefix still pass some
-    gradient. Only the descent direction changes; the forward pass stays exact.
+    gradient. ``relu_grad="smooth"`` instead backpropagates ``max(relu_floor,
+    sigmoid(z / w))`` at an inner ReLU with pre-activation ``z``, ``w`` = ``relu_width``
+    x the standard deviation of the *source's* pre-activation over the map (per sample
+    and channel): a unit just below zero passes about half the gradient, one far below
+    ``relu_floor`` of it, one well above all of it. Only the descent direction changes;
+    the forward pass stays exact.
 
     ``optimizer="lbfgs"`` runs L-BFGS on each sample's squared relative error, vectorised
     over the batch: each sample keeps its own ``history`` curvature pairs, its own step
@@ -113,7 +120,7 @@ class IRIRecipe:
     ``"int16"`` (65535 steps) or ``"float32"`` (unquantised).
     """
 
-    steps: int = 200
+    steps: int = 180  # chosen so that a set costs about the paper recipe's 200 signed steps
     step_size: float = 0.1
     final_step_size: float | None = 0.01  # geometric decay to this size (None: constant)
     optimizer: Literal["sign", "adam", "l2", "lbfgs"] = "adam"
@@ -122,8 +129,12 @@ class IRIRecipe:
     box: tuple[float, float] = (0.0, 1.0)
     batch_size: int = 128
     amp: Literal["auto", "off", "bf16"] = "auto"  # bf16 autocast on CUDA when "auto"
-    relu_grad: Literal["exact", "straight_through", "surrogate"] = "surrogate"
+    relu_grad: Literal["exact", "straight_through", "surrogate", "smooth"] = "smooth"
     relu_slope: float = 0.1  # backward slope of the inner ReLUs under relu_grad="surrogate"
+    relu_width: float = 0.3  # under relu_grad="smooth": sigmoid width / source's sd
+    relu_floor: float = 0.05  # under relu_grad="smooth": the least backward slope
+    adam_beta2: float = 0.95  # Adam's second-moment decay
+    drop_outward_momentum: bool = True  # Adam: no momentum that pushes a pixel out of the box
     start_scale: float = 0.003  # standard deviation of the "scaled_noise" start
     precision: Literal["uint8", "int16", "float32"] = "uint8"  # storage of the IRIs
     history: int = 20  # curvature pairs kept per sample by optimizer="lbfgs"
@@ -168,11 +179,17 @@ class IRIRecipe:
             raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
         if self.amp not in ("auto", "off", "bf16"):
             raise ValueError(f"amp must be 'auto', 'off' or 'bf16', got {self.amp!r}")
-        if self.relu_grad not in ("exact", "straight_through", "surrogate"):
+        if self.relu_grad not in ("exact", "straight_through", "surrogate", "smooth"):
             raise ValueError(
-                "relu_grad must be 'exact', 'straight_through' or 'surrogate', got "
+                "relu_grad must be 'exact', 'straight_through', 'surrogate' or 'smooth', got "
                 f"{self.relu_grad!r}"
             )
+        if not 0.0 <= self.relu_floor < 1.0:
+            raise ValueError(f"relu_floor must be in [0, 1), got {self.relu_floor}")
+        if not self.relu_width > 0:
+            raise ValueError(f"relu_width must be positive, got {self.relu_width}")
+        if not 0.0 <= self.adam_beta2 < 1.0:
+            raise ValueError(f"adam_beta2 must be in [0, 1), got {self.adam_beta2}")
         if not 0.0 <= self.relu_slope < 1.0:
             raise ValueError(
                 f"relu_slope must be in [0, 1) (1 is the identity, which diverges), got "
@@ -210,8 +227,8 @@ class IRIRecipe:
         return d
 
     def describe(self) -> str:
-        """One line for reports, e.g. "200 adam steps 0.1 -> 0.01 from uniform noise over
-        the box, ReLU gradient surrogate (slope 0.1) inside, ..., stored as uint8".
+        """One line for reports, e.g. "180 adam steps 0.1 -> 0.01 (beta2 0.95, ...) from
+        uniform noise over the box, ReLU gradient smooth inside (...), ..., stored as uint8".
         Invariance-aware scores depend on the whole recipe, the start included
         (docs/validation/iri_convergence.md), so a score is reported with it."""
         from .vocabulary import describe_iri_recipe
@@ -223,9 +240,17 @@ class IRIRecipe:
         :meth:`as_dict`, except the fields added after the first stored sets where they
         say what those sets did: ``precision`` when it is ``"uint8"``, ``start_scale``
         unless the start is ``"scaled_noise"``, ``relu_slope`` unless ``relu_grad`` is
-        ``"surrogate"`` and ``history`` unless the optimizer is ``"lbfgs"``. A set stored
-        before these fields existed keeps its key."""
+        ``"surrogate"``, ``history`` unless the optimizer is ``"lbfgs"``, ``relu_width``
+        and ``relu_floor`` unless ``relu_grad`` is ``"smooth"``, ``adam_beta2`` when it is 0.999 and
+        ``drop_outward_momentum`` when it is False (what Adam did before these fields). A
+        set stored before these fields existed keeps its key."""
         d = self.as_dict()
+        if d["relu_grad"] != "smooth":
+            del d["relu_width"], d["relu_floor"]
+        if d["adam_beta2"] == 0.999:
+            del d["adam_beta2"]
+        if not d["drop_outward_momentum"]:
+            del d["drop_outward_momentum"]
         if d["precision"] == "uint8":
             del d["precision"]
         if d["start"] != "scaled_noise":
@@ -242,15 +267,22 @@ PRECISIONS = ("uint8", "int16", "float32")
 
 
 #: Named starting points for IRI recipes (see :class:`IRIRecipe`).
+_ADAM_V1 = {"adam_beta2": 0.999, "drop_outward_momentum": False}  # Adam before 2026-12-04
+
 PRESETS: dict[str, dict] = {
     "default": {},
     "paper": {
         "steps": 200, "step_size": 1 / 255, "final_step_size": None, "optimizer": "sign",
-        "start": "noise", "tolerance": None, "relu_grad": "exact",
+        "start": "noise", "tolerance": None, "relu_grad": "exact", **_ADAM_V1,
     },
     # stitchlab's default before December 2026 (docs/validation/iri_convergence.md): kept so
     # that the sets and pages made with it are reproduced exactly
-    "v1": {"step_size": 0.05, "final_step_size": 0.002, "relu_grad": "straight_through"},
+    "v1": {"steps": 200, "step_size": 0.05, "final_step_size": 0.002,
+           "relu_grad": "straight_through", **_ADAM_V1},
+    # the default from early December 2026 to 2026-12-04 (surrogate inner ReLUs, Adam's
+    # usual moments), with which the pages of that time were made
+    "v2": {"steps": 200, "step_size": 0.1, "final_step_size": 0.01, "relu_grad": "surrogate",
+           "relu_slope": 0.1, **_ADAM_V1},
     # waveforms in [-1, 1]: a quiet Gaussian start (uniform noise over the box never
     # converges), 300 Adam steps of 0.003 decaying to 0.0001 (the image steps leave a log-mel
     # front 0.5-0.7 off; provisional, from a small study), int16 storage (uint8 levels are
@@ -259,6 +291,7 @@ PRESETS: dict[str, dict] = {
         "steps": 300, "step_size": 0.003, "final_step_size": 0.0001, "start": "scaled_noise",
         "start_scale": 0.003, "box": (-1.0, 1.0), "precision": "int16",
         "relu_grad": "straight_through",  # as measured (docs/validation/audio.md)
+        **_ADAM_V1,
     },
 }  # fmt: skip
 
@@ -448,6 +481,110 @@ def surrogate_relu(x: Tensor, slope: float = 0.1, inplace: bool = False) -> Tens
     return _SurrogateReLU.apply(x, slope, inplace)
 
 
+class _SmoothReLUFn(torch.autograd.Function):
+    """ReLU forward; backward ``max(floor, sigmoid(x * inv_width))``. Without a floor it is
+    the derivative of a softplus of that width: one fused kernel (``softplus_backward``)
+    on the scaled input saved by the forward; with one, the forward saves the derivative."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, inv_width: Tensor, floor: float, inplace: bool) -> Tensor:  # noqa: D102
+        scaled = x.detach() * inv_width
+        if floor > 0:
+            scaled = scaled.sigmoid_().clamp_min_(floor)
+        ctx.save_for_backward(scaled)
+        ctx.floor = floor
+        if inplace:
+            ctx.mark_dirty(x)
+            return x.clamp_min_(0)
+        return x.clamp_min(0)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):  # noqa: D102
+        (saved,) = ctx.saved_tensors
+        saved = saved.to(grad.dtype)
+        if ctx.floor > 0:
+            return grad * saved, None, None, None
+        return torch.ops.aten.softplus_backward(grad, saved, 1.0, 20.0), None, None, None
+
+
+class _SmoothReLUs:
+    """The inner ReLUs of a front under ``relu_grad="smooth"``: exact forward; backward
+    ``sigmoid(x / w)`` with ``w = width`` x the standard deviation of the *source's*
+    pre-activation over the map (per sample and channel; over the units of a sample when
+    the pre-activation has no map), so that a unit just below zero still passes gradient
+    and a unit far below passes almost none. The widths are recorded once per batch, at the
+    targets' forward (:meth:`recording`); a step's forward then runs on the rows
+    :meth:`step` names. Outside both the ReLUs are plain (measurement, BatchNorm folding)."""
+
+    def __init__(self, width: float, floor: float = 0.0) -> None:
+        self.width, self.floor = width, floor
+        self.mode = "off"
+        self.inv_widths: list[Tensor] = []
+        self._k = 0
+        self._rows: Tensor | None = None
+
+    def relu(self, x: Tensor, inplace: bool = False) -> Tensor:
+        """Replaces each inner ReLU of the front (``inplace`` as the model's own)."""
+        if self.mode == "step":
+            inv = self.inv_widths[self._k]
+            self._k += 1
+            inv = inv if self._rows is None else inv[self._rows]
+            return _SmoothReLUFn.apply(x, inv, self.floor, inplace)
+        if self.mode == "record":
+            dims = tuple(range(2, x.dim())) or (1,)
+            sd = x.detach().float().std(dim=dims, keepdim=True)
+            self.inv_widths.append((sd * self.width).clamp_min(1e-12).reciprocal())
+        return x.clamp_min_(0) if inplace else x.clamp_min(0)
+
+    def recording(self):
+        """Context in which the front's forward records the widths of a new batch."""
+        import contextlib
+
+        @contextlib.contextmanager
+        def ctx():
+            self.mode, self.inv_widths = "record", []
+            try:
+                yield
+            finally:
+                self.mode = "off"
+
+        return ctx()
+
+    def step(self, rows: Tensor | None) -> None:
+        """The next forward is an optimisation step on the batch rows ``rows`` (None:
+        all)."""
+        self.mode, self._k, self._rows = "step", 0, rows
+
+    def off(self) -> None:
+        """Plain ReLUs from now on."""
+        self.mode, self._rows = "off", None
+
+
+def _smooth_relus_of(front: nn.Module) -> _SmoothReLUs | None:
+    """The :class:`_SmoothReLUs` whose ReLUs ``front`` runs, if any."""
+    for gm in _front_graphs(front):
+        for node in gm.graph.nodes:
+            owner = getattr(node.target, "__self__", None) if node.op == "call_function" else None
+            if isinstance(owner, _SmoothReLUs):
+                return owner
+    return None
+
+
+class _NoSmooth:
+    """Stands in for :class:`_SmoothReLUs` on fronts without it (every call a no-op)."""
+
+    def recording(self):  # noqa: D102
+        import contextlib
+
+        return contextlib.nullcontext()
+
+    def step(self, rows: Tensor | None) -> None:  # noqa: D102
+        pass
+
+    def off(self) -> None:  # noqa: D102
+        pass
+
+
 def _is_relu(node, root: nn.Module) -> bool:
     if node.op == "call_module":
         return isinstance(root.get_submodule(str(node.target)), nn.ReLU)
@@ -539,16 +676,28 @@ def _frozen_front(
     output=None,
     relu_grad="exact",
     relu_slope: float = 0.1,
+    relu_width: float = 0.3,
+    relu_floor: float = 0.0,
 ) -> nn.Module:
     front, _ = split(model, point, leaf_modules=leaf_modules, output=output)
     front = copy.deepcopy(front).eval()
     for p in front.parameters():
         p.requires_grad_(False)
-    if relu_grad in ("straight_through", "surrogate"):
+    if relu_grad in ("straight_through", "surrogate", "smooth"):
         _straight_through_output(front)
     if relu_grad == "surrogate":
         _surrogate_inner(front, relu_slope)
+    if relu_grad == "smooth":
+        _replace_relus(front, _SmoothReLUs(relu_width, relu_floor).relu, pass_inplace=True)
     return front
+
+
+def _recipe_front(model: nn.Module, point: str, leaf_modules: tuple, output, rec) -> nn.Module:
+    """:func:`_frozen_front` with the ReLU gradient of the recipe ``rec``."""
+    return _frozen_front(
+        model, point, leaf_modules, output, rec.relu_grad, rec.relu_slope, rec.relu_width,
+        rec.relu_floor,
+    )  # fmt: skip
 
 
 def _per_sample_error(f: Tensor, t: Tensor) -> Tensor:
@@ -619,14 +768,26 @@ def _optimise(
 ) -> tuple[Tensor, Tensor]:
     """The optimised IRIs of one batch (float, in the box) and the targets f(x);
     ``memory_format`` is how the front takes its inputs (:mod:`stitchlab._memory_format`)."""
-    lo, hi = recipe.box
-    device = x.device
     x = x.contiguous(memory_format=memory_format)
-    with torch.no_grad():
+    smooth = _smooth_relus_of(front) or _NoSmooth()
+    with torch.no_grad(), smooth.recording():
         target = front(x).float()
     target_norm = torch.linalg.vector_norm(target.flatten(1), dim=1).clamp_min(1e-12)
-    if recipe.optimizer == "lbfgs":
-        return _lbfgs(front, x, target, target_norm, recipe, gen, memory_format), target
+    try:
+        if recipe.optimizer == "lbfgs":
+            x_adv = _lbfgs(front, x, target, target_norm, recipe, gen, memory_format, smooth)
+        else:
+            x_adv = _descend(front, x, target, target_norm, recipe, gen, memory_format, smooth)
+    finally:
+        smooth.off()
+    return x_adv, target
+
+
+def _descend(front, x, target, target_norm, recipe: IRIRecipe, gen, memory_format, smooth):
+    """:func:`_optimise`'s IRIs with signed, L2 or Adam steps (``x`` in ``memory_format``,
+    its targets and their norms given)."""
+    lo, hi = recipe.box
+    device = x.device
     x_adv = _start(x, recipe, gen).clamp(lo, hi).contiguous(memory_format=memory_format)
     active = torch.ones(x.shape[0], dtype=torch.bool, device=device)
     m = v = None
@@ -642,6 +803,7 @@ def _optimise(
         xa = xa.detach().requires_grad_(True)
         ta = target if idx is None else target[idx]
         tn = target_norm if idx is None else target_norm[idx]
+        smooth.step(idx)
         with _autocast(device, recipe):
             f = front(xa)
         err, g = _error_and_grad(f, ta, tn)
@@ -658,10 +820,13 @@ def _optimise(
             else:  # Adam, in place on the moments (gathered copies once samples stopped)
                 mi = m if idx is None else m[idx]
                 vi = v if idx is None else v[idx]
+                b2 = recipe.adam_beta2
                 mi.mul_(0.9).add_(grad, alpha=0.1)
-                vi.mul_(0.999).addcmul_(grad, grad, value=0.001)
-                denom = (vi / (1 - 0.999 ** (t + 1))).sqrt_().add_(1e-8)
+                vi.mul_(b2).addcmul_(grad, grad, value=1 - b2)
+                denom = (vi / (1 - b2 ** (t + 1))).sqrt_().add_(1e-8)
                 new.addcdiv_(mi, denom, value=-alpha / (1 - 0.9 ** (t + 1)))
+                if recipe.drop_outward_momentum:  # no momentum pushing a pixel out of the box
+                    mi.masked_fill_((new < lo) | (new > hi), 0.0)
                 if idx is not None:
                     m[idx], v[idx] = mi, vi
             new.clamp_(lo, hi)
@@ -676,7 +841,7 @@ def _optimise(
                     all_active = False
                     if not bool(active.any()):
                         break
-    return x_adv.detach(), target
+    return x_adv.detach()
 
 
 def _dot(a: Tensor, b: Tensor) -> Tensor:
@@ -769,6 +934,7 @@ def _lbfgs(
     recipe: IRIRecipe,
     gen: torch.Generator,
     memory_format: torch.memory_format,
+    smooth: _SmoothReLUs | _NoSmooth,
 ) -> Tensor:
     """:func:`_optimise`'s IRIs with ``optimizer="lbfgs"`` (``x`` in ``memory_format``,
     its targets and their norms given): L-BFGS on each sample's own squared relative
@@ -811,6 +977,7 @@ def _lbfgs(
     tol2 = None if recipe.tolerance is None else recipe.tolerance**2
     for t in range(recipe.steps):
         xi = image(x_try).detach().requires_grad_(True)
+        smooth.step(rows)
         with _autocast(x.device, recipe):
             f = front(xi)
         err, g_out = _error_and_grad(f, target[rows], target_norm[rows])
@@ -946,7 +1113,7 @@ def generate_iris(
     given = {k: v for k, v in (("steps", steps), ("step_size", step_size)) if v is not None}
     rec = IRIRecipe.from_kwargs(**given, **recipe)
     dev = torch.device(device) if device is not None else _module_device(model)
-    front = _frozen_front(model, point, leaf_modules, output, rec.relu_grad, rec.relu_slope).to(dev)
+    front = _recipe_front(model, point, leaf_modules, output, rec).to(dev)
     if isinstance(images, Tensor):
         _check_images(images, rec.box)
         sources = [images]
@@ -1163,7 +1330,7 @@ def generate_iris_set(
         )
     dataset, _ = as_dataset(data, "data")
     dev = torch.device(device) if device is not None else _module_device(model)
-    front = _frozen_front(model, point, leaf_modules, output, rec.relu_grad, rec.relu_slope)
+    front = _recipe_front(model, point, leaf_modules, output, rec)
     key_parts = {
         "format": FORMAT_VERSION,
         "front": model_fingerprint(front),

@@ -100,11 +100,22 @@ def describe_iri_recipe(recipe: dict) -> str:
         "straight_through": "ReLU gradient straight through at the output",
         "surrogate": f"ReLU gradient surrogate (slope {recipe['relu_slope']:g}) inside, "
         "straight through at the output",
+        "smooth": "ReLU gradient smooth inside (sigmoid of width "
+        f"{recipe.get('relu_width', 0.3):g} x the source's sd, at least "
+        f"{recipe.get('relu_floor', 0.0):g}), straight through at the output",
     }[recipe["relu_grad"]]
     tol = recipe["tolerance"]
     stop = f"per-sample tolerance {tol:g}" if tol is not None else "no early stop"
     lo, hi = recipe["box"]
     steps = f"{recipe['steps']} {recipe['optimizer']} steps {size}"
+    if recipe["optimizer"] == "adam":  # fields added on 2026-12-04; absent: Adam as before
+        extra = []
+        if recipe.get("adam_beta2", 0.999) != 0.999:
+            extra.append(f"beta2 {recipe['adam_beta2']:g}")
+        if recipe.get("drop_outward_momentum", False):
+            extra.append("no momentum out of the box")
+        if extra:
+            steps += f" ({', '.join(extra)})"
     if recipe["optimizer"] == "lbfgs":  # per-sample L-BFGS: the sizes cap each step's RMS
         steps = (f"{recipe['steps']} per-sample L-BFGS steps (history {recipe['history']}, "
                  f"RMS step at most {size})")  # fmt: skip

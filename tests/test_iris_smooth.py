@@ -1,0 +1,139 @@
+"""The default IRI recipe since 2026-12-04: the smooth inner ReLU gradient, Adam's second
+moment decay 0.95 and no momentum pushing a pixel out of the box; earlier presets keep
+their keys (docs/validation/iri_convergence.md, "The default since 2026-12-04")."""
+
+import json
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from stitchlab.iris import IRIRecipe, _frozen_front, _smooth_relus_of, generate_iris
+
+
+def _sigmoid(z: float) -> float:
+    return 1.0 / (1.0 + math.exp(-z))
+
+
+def _net() -> nn.Sequential:
+    """x -> relu(x + b) -> relu(w . h): an inner ReLU on two units, a final ReLU."""
+    m = nn.Sequential(nn.Linear(2, 2), nn.ReLU(), nn.Linear(2, 1, bias=False), nn.ReLU(),
+                      nn.Linear(1, 2))  # fmt: skip
+    with torch.no_grad():
+        m[0].weight.copy_(torch.eye(2))
+        m[0].bias.fill_(-0.5)
+        m[2].weight.copy_(torch.tensor([[2.0, -1.0]]))
+    return m
+
+
+def test_smooth_relu_gradient_is_a_sigmoid_of_the_sources_width():
+    """Backward of an inner ReLU: max(floor, sigmoid(z / (width x sd of the source's
+    pre-activation))), per sample; the final ReLU passes the gradient; the forward is exact.
+    Hand-computed: source 0 has pre-activation (0.3, -0.3), sd (unbiased) 0.3 sqrt(2);
+    source 1 has (0.4, -0.4), sd 0.4 sqrt(2)."""
+    m = _net()
+    front = _frozen_front(m, "3", relu_grad="smooth", relu_width=0.3, relu_floor=0.05)
+    smooth = _smooth_relus_of(front)
+    assert smooth is not None
+    sources = torch.tensor([[0.8, 0.2], [0.9, 0.1]])
+    with torch.no_grad(), smooth.recording():
+        front(sources)
+    x = torch.tensor([[0.4, 0.45], [0.4, -0.5]])  # pre-activations (-0.1, -0.05), (-0.1, -1.0)
+    for rows, expect_rows in ((None, (0, 1)), (torch.tensor([1, 0]), (1, 0))):
+        smooth.step(rows)
+        xi = x.clone().requires_grad_(True)
+        out = front(xi)
+        with torch.no_grad():
+            torch.testing.assert_close(out, m[:4](x))  # the forward is the model's
+        out.sum().backward()
+        for i, src in enumerate(expect_rows):
+            w = 0.3 * (0.3, 0.4)[src] * math.sqrt(2)
+            z = (float(x[i, 0]) - 0.5, float(x[i, 1]) - 0.5)
+            expect = [2.0 * max(0.05, _sigmoid(z[0] / w)), -1.0 * max(0.05, _sigmoid(z[1] / w))]
+            torch.testing.assert_close(xi.grad[i], torch.tensor(expect), rtol=1e-5, atol=1e-7)
+    # the second input's unit 2 (z = -1.0) is far below: the floor passes 0.05 of the gradient
+    assert float(xi.grad[1, 1]) == pytest.approx(-0.05)
+    # without a floor the backward is the sigmoid alone (one fused kernel)
+    front0 = _frozen_front(m, "3", relu_grad="smooth", relu_width=0.3, relu_floor=0.0)
+    smooth0 = _smooth_relus_of(front0)
+    with torch.no_grad(), smooth0.recording():
+        front0(sources[1:])
+    smooth0.step(None)
+    xi = x[1:].clone().requires_grad_(True)
+    front0(xi).sum().backward()
+    w = 0.3 * 0.4 * math.sqrt(2)
+    expect = [2.0 * _sigmoid(-0.1 / w), -1.0 * _sigmoid(-1.0 / w)]
+    torch.testing.assert_close(xi.grad[0], torch.tensor(expect), rtol=1e-5, atol=1e-8)
+    # outside a step (measurement) the ReLUs are plain ones
+    smooth0.off()
+    xi = x[1:].clone().requires_grad_(True)
+    front0(xi).sum().backward()
+    assert torch.equal(xi.grad, torch.zeros(1, 2))
+
+
+def test_smooth_keeps_in_place_relus_in_place():
+    from stitchlab import models
+
+    net = models.create("resnet18", width=4).eval()
+    front = _frozen_front(net, "layer2.1", relu_grad="smooth")
+    smooth = _smooth_relus_of(front)
+    calls = [n for n in front.graph.nodes if getattr(n.target, "__self__", None) is smooth]
+    assert len(calls) == 8 and all(n.args[1] is True for n in calls)
+    x = torch.rand(2, 3, 32, 32)
+    with torch.no_grad(), smooth.recording():
+        torch.testing.assert_close(front(x), net.layer2[1](net.layer2[0](
+            net.layer1(net.relu(net.bn1(net.conv1(x)))))))  # fmt: skip
+    assert len(smooth.inv_widths) == 8 and smooth.inv_widths[0].shape == (2, 4, 1, 1)
+
+
+def test_earlier_presets_keep_their_keys():
+    """Stored sets made before the new fields keep their keys (the dicts as they were)."""
+    base = {"amp": "auto", "batch_size": 128, "box": [0.0, 1.0], "start": "noise",
+            "steps": 200}  # fmt: skip
+    expect = {
+        "v2": {**base, "final_step_size": 0.01, "optimizer": "adam", "relu_grad": "surrogate",
+               "relu_slope": 0.1, "step_size": 0.1, "tolerance": 0.01},
+        "paper": {**base, "final_step_size": None, "optimizer": "sign", "relu_grad": "exact",
+                  "step_size": 1 / 255, "tolerance": None},
+        "v1": {**base, "final_step_size": 0.002, "optimizer": "adam",
+               "relu_grad": "straight_through", "step_size": 0.05, "tolerance": 0.01},
+        "audio": {**base, "box": [-1.0, 1.0], "final_step_size": 0.0001, "optimizer": "adam",
+                  "precision": "int16", "relu_grad": "straight_through",
+                  "start": "scaled_noise", "start_scale": 0.003, "step_size": 0.003,
+                  "steps": 300, "tolerance": 0.01},
+    }  # fmt: skip
+    for preset, keys in expect.items():
+        got = IRIRecipe.from_kwargs(preset=preset).key_dict()
+        assert json.dumps(got, sort_keys=True) == json.dumps(keys, sort_keys=True), preset
+    d = IRIRecipe().key_dict()
+    assert (d["steps"], d["relu_grad"], d["relu_width"], d["relu_floor"], d["adam_beta2"]) == (
+        180, "smooth", 0.3, 0.05, 0.95)  # fmt: skip
+    assert d["drop_outward_momentum"] is True and "relu_slope" not in d
+    for bad in ({"relu_width": 0.0}, {"relu_floor": 1.0}, {"adam_beta2": 1.0}):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            IRIRecipe.from_kwargs(**bad)
+    assert "smooth" in IRIRecipe().describe() and "beta2 0.95" in IRIRecipe().describe()
+
+
+def test_outward_momentum_is_dropped():
+    """One pixel, identity front, source 0.02, start at the box centre, constant Adam steps
+    of 0.1: the pixel overshoots below 0 and is clipped. With the momentum that pushed it
+    out dropped, the next step moves it back up (towards 0.02); with Adam's momentum kept
+    it stays on the edge for several steps."""
+    m = nn.Sequential(nn.Linear(1, 1, bias=False), nn.Linear(1, 2))
+    with torch.no_grad():
+        m[0].weight.fill_(1.0)
+    src = torch.tensor([[0.02]])
+
+    def path(drop: bool) -> list[float]:
+        kw = dict(final_step_size=None, tolerance=None, start="scaled_noise",
+                  start_scale=1e-9, precision="float32", relu_grad="exact",
+                  drop_outward_momentum=drop)  # fmt: skip
+        return [float(generate_iris(m, "0", src, steps=k, **kw).iris) for k in range(1, 11)]
+
+    kept, dropped = path(False), path(True)
+    first = kept.index(0.0)  # the step that clipped the pixel, the same in both
+    assert dropped[: first + 1] == kept[: first + 1]
+    assert dropped[first + 1] > 0.0  # moved back up at once
+    assert kept[first + 1] == 0.0 and kept[first + 2] == 0.0  # momentum still points out
