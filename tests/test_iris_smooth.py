@@ -137,3 +137,28 @@ def test_outward_momentum_is_dropped():
     assert dropped[: first + 1] == kept[: first + 1]
     assert dropped[first + 1] > 0.0  # moved back up at once
     assert kept[first + 1] == 0.0 and kept[first + 2] == 0.0  # momentum still points out
+
+
+def test_smooth_width_without_a_map_uses_the_samples_units():
+    """A 1x1 map gives no spread over the map: the width comes from the sample's units
+    (here the two channels, as in the hand-computed case above); one unit alone gives a
+    finite, nearly exact gradient, never NaN."""
+    conv = nn.Sequential(nn.Conv2d(2, 2, 1), nn.ReLU(), nn.Conv2d(2, 1, 1, bias=False), nn.ReLU(),
+                         nn.Flatten(), nn.Linear(1, 2))  # fmt: skip
+    with torch.no_grad():
+        conv[0].weight.copy_(torch.eye(2).view(2, 2, 1, 1))
+        conv[0].bias.fill_(-0.5)
+        conv[2].weight.copy_(torch.tensor([2.0, -1.0]).view(1, 2, 1, 1))
+    front = _frozen_front(conv, "3", relu_grad="smooth", relu_width=0.3, relu_floor=0.05)
+    smooth = _smooth_relus_of(front)
+    with torch.no_grad(), smooth.recording():
+        front(torch.tensor([[0.8, 0.2]]).view(1, 2, 1, 1))
+    smooth.step(None)
+    xi = torch.tensor([[0.4, 0.45]]).view(1, 2, 1, 1).requires_grad_(True)
+    front(xi).sum().backward()
+    w = 0.3 * 0.3 * math.sqrt(2)
+    expect = torch.tensor([2.0 * _sigmoid(-0.1 / w), -1.0 * _sigmoid(-0.05 / w)])
+    torch.testing.assert_close(xi.grad.flatten(), expect, rtol=1e-5, atol=1e-7)
+    one = nn.Sequential(nn.Linear(1, 1), nn.ReLU(), nn.Linear(1, 1), nn.ReLU(), nn.Linear(1, 2))
+    r = generate_iris(one, "3", torch.rand(4, 1), steps=5)
+    assert torch.isfinite(r.rel_error).all()

@@ -509,12 +509,15 @@ class _SmoothReLUFn(torch.autograd.Function):
 
 class _SmoothReLUs:
     """The inner ReLUs of a front under ``relu_grad="smooth"``: exact forward; backward
-    ``sigmoid(x / w)`` with ``w = width`` x the standard deviation of the *source's*
-    pre-activation over the map (per sample and channel; over the units of a sample when
-    the pre-activation has no map), so that a unit just below zero still passes gradient
-    and a unit far below passes almost none. The widths are recorded once per batch, at the
-    targets' forward (:meth:`recording`); a step's forward then runs on the rows
-    :meth:`step` names. Outside both the ReLUs are plain (measurement, BatchNorm folding)."""
+    ``max(floor, sigmoid(x / w))`` with ``w = width`` x the standard deviation of the
+    *source's* pre-activation over every axis after the second (the map of ``(N, C, H, W)``
+    and ``(N, C, T)`` activations: per sample and channel), or over all of a sample's
+    units where that leaves fewer than two values (``(N, C)``, a 1x1 map), so that a unit
+    just below zero passes about half the gradient and one far below ``floor`` of it. A
+    constant pre-activation gives a width of 1e-12 x ``width`` (about the exact gradient).
+    The widths are recorded once per batch, at the targets' forward (:meth:`recording`); a
+    step's forward then runs on the rows :meth:`step` names. Outside both the ReLUs are
+    plain (measurement, BatchNorm folding)."""
 
     def __init__(self, width: float, floor: float = 0.0) -> None:
         self.width, self.floor = width, floor
@@ -526,13 +529,24 @@ class _SmoothReLUs:
     def relu(self, x: Tensor, inplace: bool = False) -> Tensor:
         """Replaces each inner ReLU of the front (``inplace`` as the model's own)."""
         if self.mode == "step":
+            if self._k >= len(self.inv_widths):
+                raise RuntimeError(
+                    f"the front ran more ReLUs in an IRI step ({self._k + 1}) than when the "
+                    f"smooth gradient's widths were recorded ({len(self.inv_widths)}): its "
+                    "forward depends on its input; use relu_grad='surrogate' for this model"
+                )
             inv = self.inv_widths[self._k]
             self._k += 1
             inv = inv if self._rows is None else inv[self._rows]
             return _SmoothReLUFn.apply(x, inv, self.floor, inplace)
         if self.mode == "record":
-            dims = tuple(range(2, x.dim())) or (1,)
-            sd = x.detach().float().std(dim=dims, keepdim=True)
+            dims = tuple(range(2, x.dim()))
+            if math.prod(x.shape[d] for d in dims) < 2:  # no map to measure: the sample's units
+                dims = tuple(range(1, x.dim()))
+            if math.prod(x.shape[d] for d in dims) < 2:  # one unit: no spread at all
+                sd = x.detach().float().mean(dim=dims, keepdim=True).zero_()
+            else:
+                sd = x.detach().float().std(dim=dims, keepdim=True)
             self.inv_widths.append((sd * self.width).clamp_min(1e-12).reciprocal())
         return x.clamp_min_(0) if inplace else x.clamp_min(0)
 
