@@ -18,6 +18,7 @@ int16 storage; uint8 levels are far too coarse for a waveform).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import hashlib
@@ -25,7 +26,7 @@ import json
 import math
 import shutil
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -541,28 +542,23 @@ class _SmoothReLUs:
             return _SmoothReLUFn.apply(x, inv, self.floor, inplace)
         if self.mode == "record":
             dims = tuple(range(2, x.dim()))
-            if math.prod(x.shape[d] for d in dims) < 2:  # no map to measure: the sample's units
+            if math.prod(x.shape[2:]) < 2:  # no map to measure: the sample's units
                 dims = tuple(range(1, x.dim()))
-            if math.prod(x.shape[d] for d in dims) < 2:  # one unit: no spread at all
-                sd = x.detach().float().mean(dim=dims, keepdim=True).zero_()
+            if math.prod(x.shape[1:]) < 2:  # one unit: no spread at all
+                sd = x.new_zeros((x.shape[0],) + (1,) * (x.dim() - 1), dtype=torch.float32)
             else:
                 sd = x.detach().float().std(dim=dims, keepdim=True)
             self.inv_widths.append((sd * self.width).clamp_min(1e-12).reciprocal())
         return x.clamp_min_(0) if inplace else x.clamp_min(0)
 
-    def recording(self):
+    @contextlib.contextmanager
+    def recording(self) -> Iterator[None]:
         """Context in which the front's forward records the widths of a new batch."""
-        import contextlib
-
-        @contextlib.contextmanager
-        def ctx():
-            self.mode, self.inv_widths = "record", []
-            try:
-                yield
-            finally:
-                self.mode = "off"
-
-        return ctx()
+        self.mode, self.inv_widths = "record", []
+        try:
+            yield
+        finally:
+            self.mode = "off"
 
     def step(self, rows: Tensor | None) -> None:
         """The next forward is an optimisation step on the batch rows ``rows`` (None:
@@ -587,9 +583,7 @@ def _smooth_relus_of(front: nn.Module) -> _SmoothReLUs | None:
 class _NoSmooth:
     """Stands in for :class:`_SmoothReLUs` on fronts without it (every call a no-op)."""
 
-    def recording(self):  # noqa: D102
-        import contextlib
-
+    def recording(self) -> contextlib.AbstractContextManager[None]:  # noqa: D102
         return contextlib.nullcontext()
 
     def step(self, rows: Tensor | None) -> None:  # noqa: D102
