@@ -483,17 +483,21 @@ def surrogate_relu(x: Tensor, slope: float = 0.1, inplace: bool = False) -> Tens
 
 
 class _SmoothReLUFn(torch.autograd.Function):
-    """ReLU forward; backward ``max(floor, sigmoid(x * inv_width))``. Without a floor it is
-    the derivative of a softplus of that width: one fused kernel (``softplus_backward``)
-    on the scaled input saved by the forward; with one, the forward saves the derivative."""
+    """ReLU forward; backward ``max(floor, sigmoid(x * inv_width))``, computed as
+    ``sigmoid(max(x * inv_width, logit(floor)))`` (the same number: the sigmoid is
+    monotone) by one fused kernel, ``softplus_backward``, on what the forward keeps: the
+    scaled pre-activation, clamped, in the activation's own dtype (bfloat16 under autocast
+    on a GPU). The forward keeps it because the model's in-place ReLUs overwrite the
+    pre-activation; two passes over the activation (scale, clamp) and no float32 copy,
+    since on a GPU these elementwise passes, not the convolutions, are the smooth
+    gradient's cost."""
 
     @staticmethod
     def forward(ctx, x: Tensor, inv_width: Tensor, floor: float, inplace: bool) -> Tensor:  # noqa: D102
-        scaled = x.detach() * inv_width
+        scaled = x.detach() * inv_width.to(x.dtype)
         if floor > 0:
-            scaled = scaled.sigmoid_().clamp_min_(floor)
+            scaled.clamp_min_(math.log(floor / (1.0 - floor)))
         ctx.save_for_backward(scaled)
-        ctx.floor = floor
         if inplace:
             ctx.mark_dirty(x)
             return x.clamp_min_(0)
@@ -501,11 +505,9 @@ class _SmoothReLUFn(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad: Tensor):  # noqa: D102
-        (saved,) = ctx.saved_tensors
-        saved = saved.to(grad.dtype)
-        if ctx.floor > 0:
-            return grad * saved, None, None, None
-        return torch.ops.aten.softplus_backward(grad, saved, 1.0, 20.0), None, None, None
+        (scaled,) = ctx.saved_tensors
+        d = torch.ops.aten.softplus_backward(grad, scaled.to(grad.dtype), 1.0, 20.0)
+        return d, None, None, None
 
 
 class _SmoothReLUs:
