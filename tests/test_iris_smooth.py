@@ -72,6 +72,32 @@ def test_smooth_relu_gradient_is_a_sigmoid_of_the_sources_width():
     assert torch.equal(xi.grad, torch.zeros(1, 2))
 
 
+def test_smooth_relu_keeps_the_activations_dtype():
+    """Under bfloat16 (autocast on a GPU) the kept tensor is bfloat16, not a float32 copy
+    promoted by the float32 widths, and the gradient is max(floor, sigmoid(z * inv)) to
+    bfloat16's precision; an in-place ReLU overwrites its input as the model's does."""
+    from stitchlab.iris import _SmoothReLUFn
+
+    z = torch.linspace(-3.0, 3.0, 13).reshape(1, 13, 1, 1).repeat(2, 1, 1, 1)
+    inv = torch.tensor([2.0, 0.5]).reshape(2, 1, 1, 1)  # float32, per sample
+    expect = torch.clamp_min(torch.sigmoid(z * inv), 0.05)
+    for inplace in (False, True):
+        x = z.to(torch.bfloat16).requires_grad_(True)
+        h = x.clone()  # a non-leaf, as a conv's output, so in place is allowed
+        out = _SmoothReLUFn.apply(h, inv, 0.05, inplace)
+        assert out.dtype == torch.bfloat16
+        assert torch.equal(out, z.to(torch.bfloat16).clamp_min(0))
+        assert (out.data_ptr() == h.data_ptr()) == inplace
+        kept = out.grad_fn.saved_tensors[0]
+        assert kept.dtype == torch.bfloat16
+        out.backward(torch.ones_like(out))
+        torch.testing.assert_close(x.grad.float(), expect, rtol=1e-2, atol=1e-3)
+    # float32 stays float32 and exact to float32's precision
+    x = z.clone().requires_grad_(True)
+    _SmoothReLUFn.apply(x.clone(), inv, 0.05, False).sum().backward()
+    torch.testing.assert_close(x.grad, expect, rtol=1e-6, atol=1e-7)
+
+
 def test_smooth_keeps_in_place_relus_in_place():
     from stitchlab import models
 
