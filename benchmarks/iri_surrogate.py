@@ -29,7 +29,7 @@ from torch import Tensor
 
 import stitchlab.iris as iris_module
 from stitchlab import models
-from stitchlab.iris import generate_iris
+from stitchlab.iris import _relu_forward, generate_iris
 
 
 class _SmoothF32(torch.autograd.Function):
@@ -39,10 +39,7 @@ class _SmoothF32(torch.autograd.Function):
     def forward(ctx, x: Tensor, inv_width: Tensor, floor: float, inplace: bool) -> Tensor:  # noqa: D102
         d = (x.detach() * inv_width).sigmoid_().clamp_min_(floor)
         ctx.save_for_backward(d)
-        if inplace:
-            ctx.mark_dirty(x)
-            return x.clamp_min_(0)
-        return x.clamp_min(0)
+        return _relu_forward(ctx, x, inplace)
 
     @staticmethod
     def backward(ctx, grad: Tensor):  # noqa: D102
@@ -59,10 +56,7 @@ class _SmoothDerivative(_SmoothF32):
         if floor > 0:
             d.clamp_min_(math.log(floor / (1.0 - floor)))
         ctx.save_for_backward(d.sigmoid_())
-        if inplace:
-            ctx.mark_dirty(x)
-            return x.clamp_min_(0)
-        return x.clamp_min(0)
+        return _relu_forward(ctx, x, inplace)
 
 
 SMOOTH = {"f32": _SmoothF32, "derivative": _SmoothDerivative}

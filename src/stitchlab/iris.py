@@ -453,6 +453,15 @@ def straight_through_relu(x: Tensor) -> Tensor:
     return _StraightThroughReLU.apply(x)
 
 
+def _relu_forward(ctx, x: Tensor, inplace: bool) -> Tensor:
+    """The exact ReLU of an autograd function's forward: in place (``x`` marked dirty) where
+    the model's own ReLU was, so that the front's memory use stays the model's."""
+    if inplace:
+        ctx.mark_dirty(x)
+        return x.clamp_min_(0)
+    return x.clamp_min(0)
+
+
 class _SurrogateReLU(torch.autograd.Function):
     """ReLU forward; backward with slope 1 where the input is positive, ``slope`` elsewhere.
 
@@ -461,11 +470,7 @@ class _SurrogateReLU(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: Tensor, slope: float, inplace: bool) -> Tensor:  # noqa: D102
-        if inplace:
-            ctx.mark_dirty(x)
-            y = x.clamp_min_(0)
-        else:
-            y = x.clamp_min(0)
+        y = _relu_forward(ctx, x, inplace)
         ctx.save_for_backward(y)
         ctx.slope = slope
         return y
@@ -498,10 +503,7 @@ class _SmoothReLUFn(torch.autograd.Function):
         if floor > 0:
             scaled.clamp_min_(math.log(floor / (1.0 - floor)))
         ctx.save_for_backward(scaled)
-        if inplace:
-            ctx.mark_dirty(x)
-            return x.clamp_min_(0)
-        return x.clamp_min(0)
+        return _relu_forward(ctx, x, inplace)
 
     @staticmethod
     def backward(ctx, grad: Tensor):  # noqa: D102
