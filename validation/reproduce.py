@@ -301,9 +301,18 @@ def _commit() -> str:
 
 
 def write_page(
-    exp: str, out: Path, store: Path, command: str, seconds: float, summary, commit: str
+    exp: str,
+    out: Path,
+    store: Path,
+    command: str,
+    seconds: float,
+    summary,
+    commit: str,
+    rerun: bool = False,
 ) -> Path:
-    """Write docs/validation/<exp>.md (generated part) and copy the figures."""
+    """Write docs/validation/<exp>.md (generated part) and copy the figures. ``rerun``: the
+    jobs ran earlier (``seconds`` and ``command`` are that run's) and ``summary`` counts
+    this page's rerun from the store."""
     from stitchlab.experiments import load_config
 
     exp_obj = load_config(ROOT / "configs" / "cpu" / f"{CONFIGS[exp]}.toml")
@@ -321,8 +330,15 @@ def write_page(
     parts = [
         f"Command: `{command}`",
         f"Commit {commit}; wall time {seconds:.0f} s ({seconds / 60:.1f} min) on 2 CPU "
-        f"cores; jobs computed by that run (of all the run's jobs; the rest came from the "
-        f"shared store): {_jobs(summary)}; date " + time.strftime("%Y-%m-%d") + ".",
+        + (
+            f"cores, by that command; the page was written from a rerun on its store (jobs "
+            f"that rerun computed: {_jobs(summary)}); date "
+            if rerun
+            else f"cores; jobs computed by that run (of all the run's jobs; the rest came "
+            f"from the shared store): {_jobs(summary)}; date "
+        )
+        + time.strftime("%Y-%m-%d")
+        + ".",
         "Reductions against the paper (from the config):\n\n"
         + "\n".join(f"- {r}" for r in exp_obj.raw.get("reductions", [])),
         "### Base models (test accuracy, %)\n\n" + _md(_models_table(exp_obj.raw, store)),
@@ -421,11 +437,9 @@ def main() -> int:
     if args.wall is not None:  # the jobs ran earlier (e.g. with stitchlab run); say so
         seconds, command = args.wall, args.command or command
         commit = args.commit or commit
-        summary = {
-            k: f"{v} (this rerun)" for k, v in summary.items() if k in ("models", "iris", "stitch")
-        }
     if not args.no_page:
-        page = write_page(args.experiment, out, Path(args.store), command, seconds, summary, commit)
+        page = write_page(args.experiment, out, Path(args.store), command, seconds, summary, commit,
+                          rerun=args.wall is not None)  # fmt: skip
         print(f"page: {page}")
     return 0
 
