@@ -76,6 +76,9 @@ def main() -> int:
                             text=True, cwd=ROOT).stdout.strip()  # fmt: skip
     out_path = Path(args.out)
 
+    def table(part: list[dict]) -> str:
+        return markdown_table(part) if part else "(none finished)"
+
     def write() -> None:
         """Rewrite the page and its JSON with every row so far."""
         result.update(rows=rows, stitching=scores, skipped=skipped,
@@ -93,16 +96,16 @@ def main() -> int:
             "",
             "Training (one run per model):",
             "",
-            markdown_table([r for r in rows if "epochs" in r]),
+            table([r for r in rows if "epochs" in r]),
             "",
             "IRIs (median / 90th-percentile relative error at the point after uint8 "
             "quantisation; the null is the distance between two different real images there):",
             "",
-            markdown_table([r for r in rows if "epochs" not in r]) or "(none finished)",
+            table([r for r in rows if "epochs" not in r]),
             "",
             "Stitching (front: seed 1, back: seed 0; agreement with the back on test images):",
             "",
-            markdown_table(scores) if scores else "(none finished)",
+            table(scores),
             "",
         ]
         if skipped:

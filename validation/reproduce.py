@@ -327,18 +327,17 @@ def write_page(
         dest = figs / f"{exp}-{png.name}"
         shutil.copyfile(png, dest)
         copied.append(dest.name)
+    jobs = (
+        f", by that command; the page was written from a rerun on its store (jobs that rerun "
+        f"computed: {_jobs(summary)})"
+        if rerun
+        else f"; jobs computed by that run (of all the run's jobs; the rest came from the "
+        f"shared store): {_jobs(summary)}"
+    )
     parts = [
         f"Command: `{command}`",
         f"Commit {commit}; wall time {seconds:.0f} s ({seconds / 60:.1f} min) on 2 CPU "
-        + (
-            f"cores, by that command; the page was written from a rerun on its store (jobs "
-            f"that rerun computed: {_jobs(summary)}); date "
-            if rerun
-            else f"cores; jobs computed by that run (of all the run's jobs; the rest came "
-            f"from the shared store): {_jobs(summary)}; date "
-        )
-        + time.strftime("%Y-%m-%d")
-        + ".",
+        f"cores{jobs}; date " + time.strftime("%Y-%m-%d") + ".",
         "Reductions against the paper (from the config):\n\n"
         + "\n".join(f"- {r}" for r in exp_obj.raw.get("reductions", [])),
         "### Base models (test accuracy, %)\n\n" + _md(_models_table(exp_obj.raw, store)),
