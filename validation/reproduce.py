@@ -34,6 +34,7 @@ CONFIGS = {
     "a_cross_supervision_converged": "a_cross_supervision_converged",
     "a_default": "a_default_iris",
     "a_smooth": "a_smooth_iris",
+    "a_smooth_3fronts": "a_smooth_3fronts",
     "b": "b_robust",
     "b_adversarial": "b_robust_adversarial",
     "b_converged": "b_robust_converged",
@@ -50,6 +51,7 @@ FAMILY = {
     "a_cross_supervision_converged": "a",
     "a_default": "a",
     "a_smooth": "a",
+    "a_smooth_3fronts": "a",
     "b_adversarial": "b",
     "b_converged": "b",
     "c_seed": "c",
@@ -78,6 +80,67 @@ def _fmt(s: pd.Series) -> str:
     return " / ".join(f"{v:.1f}" for v in s.to_numpy())
 
 
+def hard_ceiling(t: pd.DataFrame) -> pd.DataFrame | None:
+    """Per (pair, protocol, objective, point_index): the mean hard agreement and the most
+    it can be, ``100 - |stitched accuracy - back's accuracy|`` (two classifiers whose
+    accuracies differ by ``d`` points disagree on at least ``d`` percent of the images;
+    a stitch that reads a marker the back ignores is capped at the back's accuracy).
+    None without the accuracy columns."""
+    need = {"hard_agreement", "accuracy", "reference_accuracy"}
+    if not need <= set(t.columns) or t["reference_accuracy"].isna().all():
+        return None
+    c = t.assign(ceiling=100 - (t["accuracy"] - t["reference_accuracy"]).abs())
+    keys = ["pair", "protocol", "objective", "point_index"]
+    return c.groupby(keys)[["hard_agreement", "ceiling"]].mean()
+
+
+def front_families(t: pd.DataFrame, column: str = "agreement") -> pd.DataFrame | None:
+    """Pairs that differ only in a trailing front number (``cross-seed``, ``cross-seed2``,
+    ``cross-seed3``) as one family: per (family, protocol, objective, point) the number of
+    fronts and the mean, sample sd, min and max of ``column`` over them (each front's
+    value first averaged over its stitch seeds). None when no family has two fronts."""
+    fam = t["pair"].str.replace(r"\d+$", "", regex=True)
+    per_front = (
+        t.assign(family=fam)
+        .groupby(["family", "pair", "protocol", "objective", "point_index", "point"])[column]
+        .mean()
+        .reset_index()
+    )
+    g = per_front.groupby(["family", "protocol", "objective", "point_index", "point"])[column]
+    out = g.agg(fronts="count", mean="mean", sd="std", min="min", max="max").reset_index()
+    if out["fronts"].max() < 2:
+        return None
+    return out.sort_values(["family", "protocol", "objective", "point_index"]).drop(
+        columns="point_index"
+    )
+
+
+def family_gap(
+    t: pd.DataFrame, high: str = "cross-seed", low: str = "cross-bias", protocol: str = "iris"
+) -> pd.DataFrame | None:
+    """At the last point, per objective: the mean of family ``high`` minus the mean of
+    family ``low`` (of :func:`front_families`), and the smallest and largest gap over
+    every pairing of one ``high`` front with one ``low`` front."""
+    fam = t["pair"].str.replace(r"\d+$", "", regex=True)
+    last = t[(t["point_index"] == t["point_index"].max()) & (t["protocol"] == protocol)]
+    last = last.assign(family=fam[last.index])
+    per = last.groupby(["family", "pair", "objective"])["agreement"].mean()
+    rows = []
+    for o in sorted(set(last["objective"])):
+        try:
+            hi, lo = per.loc[(high, slice(None), o)], per.loc[(low, slice(None), o)]
+        except KeyError:
+            continue
+        if hi.empty or lo.empty:
+            continue
+        rows.append({
+            "objective": o, f"{high} fronts": len(hi), f"{low} fronts": len(lo),
+            "gap of the means": hi.mean() - lo.mean(),
+            "smallest gap": hi.min() - lo.max(), "largest gap": hi.max() - lo.min(),
+        })  # fmt: skip
+    return pd.DataFrame(rows) if rows else None
+
+
 def findings(exp: str, t: pd.DataFrame) -> list[tuple[str, str, str]]:
     """``(finding, measured, verdict)`` rows for the experiment's results table."""
     m = _mean(t)
@@ -88,13 +151,22 @@ def findings(exp: str, t: pd.DataFrame) -> list[tuple[str, str, str]]:
     def verdict(ok: bool | None) -> str:
         return "n/a" if ok is None else ("agrees" if ok else "differs")
 
+    ceil = hard_ceiling(t)
+
+    def low_cell(pair: str, o: str, i: int, v: float) -> str:
+        text = f"{o} at point {i}: {v:.1f}"
+        if ceil is not None and (pair, "standard", o, i) in ceil.index:
+            hard, most = ceil.loc[(pair, "standard", o, i)]
+            text += f" (hard {hard:.1f} of at most {most:.1f})"
+        return text
+
     def standard_similar(claim_pairs):
         for pair in claim_pairs:
             vals = pd.concat([_at(m, pair, "standard", o) for o in objectives])
             if vals.empty:
                 continue
             low = [
-                f"{o} at point {i}: {v:.1f}"
+                low_cell(pair, o, i, v)
                 for o in objectives
                 for i, v in _at(m, pair, "standard", o).items()
                 if v < 80
@@ -120,7 +192,8 @@ def findings(exp: str, t: pd.DataFrame) -> list[tuple[str, str, str]]:
         if "cross-seed" in pairs:
             iris_curve(
                 "cross-seed", "falls with depth, to about half at the last block",
-                lambda s: s.iloc[-1] < s.iloc[0] - 15 and 30 <= s.iloc[-1] <= 70,
+                lambda s: None if len(s) < 2 else s.iloc[-1] < s.iloc[0] - 15
+                and 30 <= s.iloc[-1] <= 70,
             )  # fmt: skip
         if "cross-supervision" in pairs:
             for o in IRI_OBJECTIVES:
@@ -349,6 +422,21 @@ def write_page(
         f"### {score.replace('_', ' ')} (mean over seeds), by point\n\n"
         + _md(_agreement_table(t, score))
     )
+    families = front_families(t, score)
+    if families is not None:
+        parts.append(
+            f"### {score.replace('_', ' ')} over the fronts of each family\n\n"
+            "Pairs that differ only in the front's number are one family (``cross-seed``, "
+            "``cross-seed2``, ...); sd is the sample standard deviation over its fronts.\n\n"
+            + _md(families)
+        )
+        gap = family_gap(t)
+        if gap is not None:
+            parts.append(
+                "### Cross-seed minus cross-bias under IRIs at the last point\n\n"
+                "The gap of the family means, and the smallest and largest gap over every "
+                "pairing of one cross-seed front with one cross-bias front.\n\n" + _md(gap)
+            )
     if "robust_agreement" in t and t["robust_agreement"].notna().any():
         parts.append(
             "### agreement under PGD attack, by point\n\n"
