@@ -94,20 +94,23 @@ def hard_ceiling(t: pd.DataFrame) -> pd.DataFrame | None:
     return c.groupby(keys)[["hard_agreement", "ceiling"]].mean()
 
 
+def _per_front(t: pd.DataFrame, column: str) -> pd.DataFrame:
+    """``column`` per (family, pair, protocol, objective, point), averaged over stitch
+    seeds; a pair's family is its name without a trailing front number (``cross-seed2``
+    is a ``cross-seed`` front)."""
+    keys = ["family", "pair", "protocol", "objective", "point_index", "point"]
+    fam = t["pair"].str.replace(r"\d+$", "", regex=True)
+    return t.assign(family=fam).groupby(keys)[column].mean().reset_index()
+
+
 def front_families(t: pd.DataFrame, column: str = "agreement") -> pd.DataFrame | None:
     """Pairs that differ only in a trailing front number (``cross-seed``, ``cross-seed2``,
     ``cross-seed3``) as one family: per (family, protocol, objective, point) the number of
     fronts and the mean, sample sd, min and max of ``column`` over them (each front's
     value first averaged over its stitch seeds). None when no family has two fronts."""
-    fam = t["pair"].str.replace(r"\d+$", "", regex=True)
-    per_front = (
-        t.assign(family=fam)
-        .groupby(["family", "pair", "protocol", "objective", "point_index", "point"])[column]
-        .mean()
-        .reset_index()
-    )
-    g = per_front.groupby(["family", "protocol", "objective", "point_index", "point"])[column]
-    out = g.agg(fronts="count", mean="mean", sd="std", min="min", max="max").reset_index()
+    g = _per_front(t, column).groupby(["family", "protocol", "objective", "point_index", "point"])
+    out = g[column].agg(fronts="count", mean="mean", sd="std", min="min", max="max")
+    out = out.reset_index()
     if out["fronts"].max() < 2:
         return None
     return out.sort_values(["family", "protocol", "objective", "point_index"]).drop(
@@ -121,16 +124,12 @@ def family_gap(
     """At the last point, per objective: the mean of family ``high`` minus the mean of
     family ``low`` (of :func:`front_families`), and the smallest and largest gap over
     every pairing of one ``high`` front with one ``low`` front."""
-    fam = t["pair"].str.replace(r"\d+$", "", regex=True)
-    last = t[(t["point_index"] == t["point_index"].max()) & (t["protocol"] == protocol)]
-    last = last.assign(family=fam[last.index])
-    per = last.groupby(["family", "pair", "objective"])["agreement"].mean()
+    per = _per_front(t, "agreement")
+    per = per[(per["point_index"] == t["point_index"].max()) & (per["protocol"] == protocol)]
     rows = []
-    for o in sorted(set(last["objective"])):
-        try:
-            hi, lo = per.loc[(high, slice(None), o)], per.loc[(low, slice(None), o)]
-        except KeyError:
-            continue
+    for o, one in per.groupby("objective"):
+        hi = one.loc[one["family"] == high, "agreement"]
+        lo = one.loc[one["family"] == low, "agreement"]
         if hi.empty or lo.empty:
             continue
         rows.append({
