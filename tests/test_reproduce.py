@@ -69,10 +69,18 @@ def test_front_families_mean_sd_and_range():
     assert reproduce.front_families(single) is None  # no family with two fronts
 
 
-def test_family_gap_at_the_last_point():
-    (gap,) = reproduce.family_gap(_families()).to_dict("records")
-    assert gap["objective"] == "slm"
-    assert gap["gap of the means"] == pytest.approx(35.0 - 12.0)
-    assert gap["smallest gap"] == pytest.approx(30.0 - 14.0)
-    assert gap["largest gap"] == pytest.approx(40.0 - 10.0)
-    assert (gap["cross-seed fronts"], gap["cross-bias fronts"]) == (3, 3)
+def test_family_gap_at_every_point():
+    t = _families()
+    t.loc[(t["point_index"] == 1) & t["pair"].str.startswith("cross-bias"), "agreement"] -= 20
+    gaps = reproduce.family_gap(t).set_index("point")
+    assert list(gaps.index) == ["p1", "p3"]  # in the order of the points
+    last = gaps.loc["p3"]
+    assert last["objective"] == "slm"
+    assert last["gap of the means"] == pytest.approx(35.0 - 12.0)
+    assert last["smallest gap"] == pytest.approx(30.0 - 14.0)
+    assert last["largest gap"] == pytest.approx(40.0 - 10.0)
+    assert (last["cross-seed fronts"], last["cross-bias fronts"]) == (3, 3)
+    first = gaps.loc["p1"]  # cross-seed 80 / 90 / 85, cross-bias 40 / 42 / 44
+    assert first["gap of the means"] == pytest.approx(85.0 - 42.0)
+    assert first["smallest gap"] == pytest.approx(80.0 - 44.0)
+    assert reproduce.family_gap(t, protocol="standard") is None
