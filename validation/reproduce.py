@@ -38,6 +38,7 @@ CONFIGS = {
     "b": "b_robust",
     "b_adversarial": "b_robust_adversarial",
     "b_converged": "b_robust_converged",
+    "b_smooth": "b_robust_smooth",
     "c": "c_unseen",
     "c_seed": "c_unseen_seed",
     "c_seed_10k": "c_unseen_seed_10k",
@@ -54,6 +55,7 @@ FAMILY = {
     "a_smooth_3fronts": "a",
     "b_adversarial": "b",
     "b_converged": "b",
+    "b_smooth": "b",
     "c_seed": "c",
     "c_seed_10k": "c",
 }
