@@ -32,6 +32,7 @@ CONFIGS = {
     "a": "a_cifar10_resnet18",
     "a_cross_supervision": "a_cross_supervision",
     "a_cross_supervision_converged": "a_cross_supervision_converged",
+    "a_cross_supervision_smooth": "a_cross_supervision_smooth",
     "a_default": "a_default_iris",
     "a_smooth": "a_smooth_iris",
     "a_smooth_3fronts": "a_smooth_3fronts",
@@ -51,6 +52,7 @@ CONFIGS = {
 FAMILY = {
     "a_cross_supervision": "a",
     "a_cross_supervision_converged": "a",
+    "a_cross_supervision_smooth": "a",
     "a_default": "a",
     "a_smooth": "a",
     "a_smooth_3fronts": "a",
