@@ -211,6 +211,8 @@ RECIPES = {
     "default": {},
     "default-200": {"steps": 200},
     "default-170": {"steps": 170},
+    "default-270": {"steps": 270},
+    "default-360": {"steps": 360},
     "lbfgs": {"preset": "v2", "optimizer": "lbfgs"},
     "lbfgs-0.15": {"preset": "v2", "optimizer": "lbfgs", "relu_slope": 0.15},
     "lbfgs-0.15-h10": {"preset": "v2", "optimizer": "lbfgs", "relu_slope": 0.15, "history": 10},
