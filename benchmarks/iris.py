@@ -213,6 +213,7 @@ RECIPES = {
     "default-170": {"steps": 170},
     "default-270": {"steps": 270},
     "default-360": {"steps": 360},
+    "opponent": {"colour_basis": "opponent"},
     "lbfgs": {"preset": "v2", "optimizer": "lbfgs"},
     "lbfgs-0.15": {"preset": "v2", "optimizer": "lbfgs", "relu_slope": 0.15},
     "lbfgs-0.15-h10": {"preset": "v2", "optimizer": "lbfgs", "relu_slope": 0.15, "history": 10},

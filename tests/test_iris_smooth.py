@@ -188,3 +188,56 @@ def test_smooth_width_without_a_map_uses_the_samples_units():
     one = nn.Sequential(nn.Linear(1, 1), nn.ReLU(), nn.Linear(1, 1), nn.ReLU(), nn.Linear(1, 2))
     r = generate_iris(one, "3", torch.rand(4, 1), steps=5)
     assert torch.isfinite(r.rel_error).all()
+
+
+def _rgb_net() -> nn.Sequential:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU(), nn.Conv2d(4, 4, 3, padding=1),
+                         nn.ReLU(), nn.Flatten(), nn.Linear(4 * 6 * 6, 2)).eval()  # fmt: skip
+
+
+def test_opponent_colour_basis_is_adam_on_the_rotated_problem():
+    """colour_basis="opponent" is Adam in z with x = C z per pixel (C orthonormal): the
+    same as RGB Adam on the front f(C .) from the rotated sources C^T x, where no pixel
+    meets the box (a wide box, small steps), to float precision."""
+    from stitchlab.iris import _OPPONENT
+
+    f = _rgb_net()
+    c = torch.tensor(_OPPONENT)
+    torch.testing.assert_close(c @ c.T, torch.eye(3))  # orthonormal
+    mixer = nn.Conv2d(3, 3, 1, bias=False)
+    with torch.no_grad():
+        mixer.weight.copy_(c.view(3, 3, 1, 1))  # x_i = sum_j C_ij z_j
+    g = nn.Sequential(mixer, *f).eval()
+    x = torch.rand(4, 3, 6, 6, generator=torch.Generator().manual_seed(1))
+    z = torch.einsum("ij,nihw->njhw", c, x)  # C^T x
+    kw = dict(steps=20, step_size=0.01, final_step_size=None, tolerance=None, start="image",
+              box=(-3.0, 3.0), precision="float32")  # fmt: skip
+    got = generate_iris(f, "3", x, colour_basis="opponent", **kw)
+    ref = generate_iris(g, "4", z, **kw)
+    torch.testing.assert_close(torch.einsum("ij,nihw->njhw", c, got.iris), ref.iris,
+                               atol=2e-5, rtol=1e-4)  # fmt: skip
+    torch.testing.assert_close(got.rel_error, ref.rel_error, atol=1e-5, rtol=1e-4)
+    assert float(got.rel_error.median()) < 0.9 * float(  # the steps did something
+        generate_iris(f, "3", x, steps=0, **{k: v for k, v in kw.items() if k != "steps"})
+        .rel_error.median()
+    )
+
+
+def test_opponent_colour_basis_in_the_box_and_refused_where_it_cannot_apply():
+    f = _rgb_net()
+    x = torch.rand(4, 3, 6, 6, generator=torch.Generator().manual_seed(2))
+    r = generate_iris(f, "3", x, steps=30, colour_basis="opponent")
+    assert float(r.iris.min()) >= 0.0 and float(r.iris.max()) <= 1.0
+    assert torch.isfinite(r.rel_error).all()
+    gray = nn.Sequential(nn.Conv2d(1, 2, 3), nn.ReLU(), nn.Flatten(), nn.Linear(32, 2)).eval()
+    with pytest.raises(ValueError, match="needs RGB images"):
+        generate_iris(gray, "1", torch.rand(2, 1, 6, 6), steps=2, colour_basis="opponent")
+    with pytest.raises(ValueError, match="option of Adam"):
+        IRIRecipe.from_kwargs(optimizer="lbfgs", colour_basis="opponent")
+    with pytest.raises(TypeError, match="colour_basis must be 'rgb' or 'opponent'"):
+        IRIRecipe.from_kwargs(colour_basis="lab")
+    assert "colour_basis" not in IRIRecipe().key_dict()  # stored sets keep their keys
+    opp = IRIRecipe.from_kwargs(colour_basis="opponent")
+    assert opp.key_dict()["colour_basis"] == "opponent"
+    assert "opponent colour basis" in opp.describe()

@@ -114,6 +114,8 @@ def describe_iri_recipe(recipe: dict) -> str:
             extra.append(f"beta2 {recipe['adam_beta2']:g}")
         if recipe.get("drop_outward_momentum", False):
             extra.append("no momentum out of the box")
+        if recipe.get("colour_basis", "rgb") != "rgb":
+            extra.append(f"in the {recipe['colour_basis']} colour basis")
         if extra:
             steps += f" ({', '.join(extra)})"
     if recipe["optimizer"] == "lbfgs":  # per-sample L-BFGS: the sizes cap each step's RMS
