@@ -835,9 +835,14 @@ def _colour_basis(recipe: IRIRecipe, x: Tensor) -> Tensor | None:
     return torch.tensor(_OPPONENT, dtype=torch.float32, device=x.device)
 
 
-def _mix(t: Tensor, m: Tensor, memory_format) -> Tensor:
-    """Each pixel's channel vector ``v`` of ``t`` replaced by ``v @ m``."""
-    return (t.permute(0, 2, 3, 1) @ m).permute(0, 3, 1, 2).contiguous(memory_format=memory_format)
+def _mix(t: Tensor, m: Tensor) -> Tensor:
+    """Each pixel's channel vector ``v`` of ``t`` replaced by ``v @ m`` (``m`` 3x3), in
+    ``t``'s memory format: a 1x1 convolution on channels-last tensors, three sums of
+    scaled channels otherwise (the faster of the two ways for each layout on the CPU)."""
+    if t.is_contiguous(memory_format=torch.channels_last):
+        return F.conv2d(t, m.T.contiguous().view(3, 3, 1, 1))
+    return torch.stack([t[:, 0] * m[0, k] + t[:, 1] * m[1, k] + t[:, 2] * m[2, k]
+                        for k in range(3)], 1)  # fmt: skip
 
 
 def _descend(front, x, target, target_norm, recipe: IRIRecipe, gen, memory_format, smooth):
@@ -879,23 +884,20 @@ def _descend(front, x, target, target_norm, recipe: IRIRecipe, gen, memory_forma
                 mi = m if idx is None else m[idx]
                 vi = v if idx is None else v[idx]
                 b2 = recipe.adam_beta2
-                if basis is not None:  # the gradient in z: basis^T grad
-                    grad = _mix(grad, basis, memory_format)
+                # the first moment is kept in RGB (linear, so it is the basis' moment mixed
+                # back), where the box is; the second in the basis
                 mi.mul_(0.9).add_(grad, alpha=0.1)
+                if basis is not None:  # the gradient in z: basis^T grad
+                    grad = _mix(grad, basis)
                 vi.mul_(b2).addcmul_(grad, grad, value=1 - b2)
                 denom = (vi / (1 - b2 ** (t + 1))).sqrt_().add_(1e-8)
                 if basis is None:
                     new.addcdiv_(mi, denom, value=-alpha / (1 - 0.9 ** (t + 1)))
                 else:  # the step in z, back to RGB
-                    step = _mix(mi / denom, basis.T, memory_format)
+                    step = _mix(_mix(mi, basis).div_(denom), basis.T)
                     new.sub_(step, alpha=alpha / (1 - 0.9 ** (t + 1)))
                 if recipe.drop_outward_momentum:  # no momentum pushing a pixel out of the box
-                    out = (new < lo) | (new > hi)
-                    if basis is None:
-                        mi.masked_fill_(out, 0.0)
-                    else:  # drop it in RGB, where the box is
-                        mi.copy_(_mix(_mix(mi, basis.T, memory_format).masked_fill_(out, 0.0),
-                                      basis, memory_format))  # fmt: skip
+                    mi.masked_fill_((new < lo) | (new > hi), 0.0)
                 if idx is not None:
                     m[idx], v[idx] = mi, vi
             new.clamp_(lo, hi)
