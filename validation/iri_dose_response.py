@@ -54,6 +54,8 @@ LEVELS = {  # from rough to converged; "default" names stitchlab's default befor
                                          "start_scale": 0.1, "step_size": 0.03},
     # stitchlab's default since 2026-12-04
     "smooth 0.3 + beta2 0.95 (the default since 2026-12-04)": {},
+    # the same with Adam in an opponent colour basis (an option since 2026-12-05)
+    "the default since 2026-12-04, opponent colour basis": {"colour_basis": "opponent"},
 }  # fmt: skip
 
 
