@@ -241,3 +241,15 @@ def test_opponent_colour_basis_in_the_box_and_refused_where_it_cannot_apply():
     opp = IRIRecipe.from_kwargs(colour_basis="opponent")
     assert opp.key_dict()["colour_basis"] == "opponent"
     assert "opponent colour basis" in opp.describe()
+
+
+def test_colour_mix_is_the_same_in_both_memory_formats():
+    """The per-pixel 3x3 mix of the opponent basis (a 1x1 convolution on channels-last
+    tensors, sums of scaled channels otherwise) is v @ m in either layout."""
+    from stitchlab.iris import _OPPONENT, _mix
+
+    c = torch.tensor(_OPPONENT)
+    t = torch.randn(2, 3, 4, 5, generator=torch.Generator().manual_seed(3))
+    ref = torch.einsum("nihw,ik->nkhw", t, c)
+    for fmt in (torch.contiguous_format, torch.channels_last):
+        torch.testing.assert_close(_mix(t.contiguous(memory_format=fmt), c), ref)

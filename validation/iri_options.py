@@ -19,7 +19,6 @@ The empty set is the default recipe.
 from __future__ import annotations
 
 import argparse
-import ast
 import time
 from pathlib import Path
 
@@ -27,6 +26,7 @@ import torch
 from _common import model_and_images, script_commit
 
 from stitchlab import generate_iris
+from stitchlab.cli import parse_key_values
 from stitchlab.experiments import load_config, with_fingerprints
 from stitchlab.iris import IRIRecipe
 from stitchlab.report import markdown_table
@@ -35,16 +35,8 @@ from stitchlab.report import markdown_table
 def parse_options(text: str) -> dict:
     """``"steps=360, start='blur'"`` -> ``{"steps": 360, "start": "blur"}``, checked
     against :class:`IRIRecipe` (an unknown name or bad value is a SystemExit)."""
-    out: dict = {}
-    for part in filter(None, (p.strip() for p in text.split(","))):
-        name, sep, value = part.partition("=")
-        if not sep:
-            raise SystemExit(f"option {part!r} is not name=value")
-        try:
-            out[name.strip()] = ast.literal_eval(value.strip())
-        except (ValueError, SyntaxError):
-            out[name.strip()] = value.strip()  # a bare word: a string
     try:
+        out = parse_key_values(filter(None, (p.strip() for p in text.split(","))), "--options")
         IRIRecipe.from_kwargs(**out)
     except (TypeError, ValueError) as e:
         raise SystemExit(f"bad IRI options {text!r}: {e}") from None

@@ -43,20 +43,29 @@ EXAMPLES = {
 }
 
 
-def _model_options(args: argparse.Namespace) -> dict:
+def parse_key_values(items, flag: str = "--option") -> dict:
+    """``["steps=360", "start=blur"]`` -> ``{"steps": 360, "start": "blur"}``: each value
+    a Python literal (numbers, tuples, strings, None; never code), a bare word a string;
+    a ValueError naming ``flag`` for an item without ``=``."""
     import ast
 
     options = {}
-    if getattr(args, "width", None) is not None:
-        options["width"] = args.width
-    for item in getattr(args, "option", None) or []:
+    for item in items:
         key, sep, value = item.partition("=")
         if not sep:
-            raise ValueError(f"--option takes KEY=VALUE, got {item!r}")
+            raise ValueError(f"{flag} takes KEY=VALUE, got {item!r}")
         try:
             options[key] = ast.literal_eval(value)  # numbers, tuples, strings; no code
         except (ValueError, SyntaxError):
             options[key] = value
+    return options
+
+
+def _model_options(args: argparse.Namespace) -> dict:
+    options = {}
+    if getattr(args, "width", None) is not None:
+        options["width"] = args.width
+    options.update(parse_key_values(getattr(args, "option", None) or []))
     return options
 
 

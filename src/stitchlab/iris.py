@@ -169,8 +169,6 @@ class IRIRecipe:
             raise ValueError(
                 f"optimizer must be 'sign', 'adam', 'l2' or 'lbfgs', got {self.optimizer!r}"
             )
-        if self.colour_basis not in ("rgb", "opponent"):
-            raise ValueError(f"colour_basis must be 'rgb' or 'opponent', got {self.colour_basis!r}")
         if self.colour_basis != "rgb" and self.optimizer != "adam":
             raise ValueError(
                 f"colour_basis={self.colour_basis!r} is an option of Adam's steps; with "
