@@ -109,6 +109,11 @@ class IRIRecipe:
     same. On the shortcut fronts of experiment A it lowers the error 13-16% at layer2.1,
     and it moves invariance-aware scores (docs/validation/iri_convergence.md, "Adam in an
     opponent colour basis"); it needs ``(N, 3, H, W)`` inputs.
+    ``stft_window=n`` (``n`` even, > 0) does the same for 1-D signals ``(N, C, T)`` in
+    short-time Fourier coordinates: each channel's STFT with a sqrt-Hann window of ``n``
+    samples and hop ``n / 2`` (a tight frame), Adam's second moment one scale per
+    time-frequency coefficient, so a log-spectral front's quiet bins and loud ones get
+    steps of their own size (docs/validation/audio.md, "IRIs in STFT coordinates").
 
     ``optimizer="lbfgs"`` runs L-BFGS on each sample's squared relative error, vectorised
     over the batch: each sample keeps its own ``history`` curvature pairs, its own step
@@ -147,6 +152,7 @@ class IRIRecipe:
     precision: Literal["uint8", "int16", "float32"] = "uint8"  # storage of the IRIs
     history: int = 20  # curvature pairs kept per sample by optimizer="lbfgs"
     colour_basis: Literal["rgb", "opponent"] = "rgb"  # Adam's coordinates for RGB images
+    stft_window: int = 0  # > 0: Adam's coordinates for (N, C, T) inputs, an STFT of this window
 
     @classmethod
     def paper(cls, **overrides) -> IRIRecipe:
@@ -174,6 +180,18 @@ class IRIRecipe:
                 f"colour_basis={self.colour_basis!r} is an option of Adam's steps; with "
                 f"optimizer={self.optimizer!r} leave it at 'rgb'"
             )
+        if self.stft_window and self.optimizer != "adam":
+            raise ValueError(
+                f"stft_window={self.stft_window} is an option of Adam's steps; with "
+                f"optimizer={self.optimizer!r} leave it at 0"
+            )
+        if self.stft_window < 0 or self.stft_window % 2 or self.stft_window == 2:
+            raise ValueError(
+                f"stft_window must be 0 (off) or an even number of samples >= 4, got "
+                f"{self.stft_window}"
+            )
+        if self.stft_window and self.colour_basis != "rgb":
+            raise ValueError("stft_window and colour_basis are for different inputs; set one")
         if self.history < 1:
             raise ValueError(f"history must be >= 1, got {self.history}")
         if self.start not in ("noise", "image", "blur", "scaled_noise"):
@@ -257,7 +275,7 @@ class IRIRecipe:
         ``"surrogate"``, ``history`` unless the optimizer is ``"lbfgs"``, ``relu_width``
         and ``relu_floor`` unless ``relu_grad`` is ``"smooth"``, ``adam_beta2`` when it is 0.999,
         ``drop_outward_momentum`` when it is False (what Adam did before these fields) and
-        ``colour_basis`` when it is ``"rgb"``. A
+        ``colour_basis`` when it is ``"rgb"`` and ``stft_window`` when it is 0. A
         set stored before these fields existed keeps its key."""
         d = self.as_dict()
         if d["relu_grad"] != "smooth":
@@ -276,6 +294,8 @@ class IRIRecipe:
             del d["history"]
         if d["colour_basis"] == "rgb":
             del d["colour_basis"]
+        if not d["stft_window"]:
+            del d["stft_window"]
         return d
 
 
@@ -843,17 +863,76 @@ def _mix(t: Tensor, m: Tensor) -> Tensor:
                         for k in range(3)], 1)  # fmt: skip
 
 
+class _TimeFrequency:
+    """Adam's coordinates for ``stft_window``: each channel's short-time Fourier transform
+    with a sqrt-Hann window of ``n`` samples and hop ``n / 2`` (frames centred on every
+    hop, the signal zero-padded to whole frames) and orthonormal DFTs. The squared windows
+    then sum to 1 at every sample, so :meth:`synthesis` (overlap-add of the windowed
+    inverse DFTs) inverts :meth:`analysis` exactly, and a step scaled per coefficient by a
+    scale shared by each frequency's two signs is a symmetric preconditioner in samples."""
+
+    def __init__(self, n: int, length: int, device: torch.device) -> None:
+        self.n, self.hop, self.length = n, n // 2, length
+        self.frames = -(-length // self.hop) + 1  # ceil(length / hop) + 1
+        self.window = torch.hann_window(n, periodic=True, device=device).sqrt_()
+
+    @classmethod
+    def of(cls, recipe: IRIRecipe, x: Tensor) -> _TimeFrequency | None:
+        """The transform of ``recipe.stft_window`` for inputs like ``x`` (None when off); a
+        ValueError for inputs that are not ``(N, C, T)`` with ``T`` at least the window."""
+        n = recipe.stft_window
+        if not n:
+            return None
+        if x.dim() != 3 or x.shape[-1] < n:
+            raise ValueError(
+                f"stft_window={n} needs 1-D signals (N, C, T) with T >= {n}, got inputs of "
+                f"shape {tuple(x.shape)}; use stft_window=0 for other inputs"
+            )
+        return cls(n, x.shape[-1], x.device)
+
+    def analysis(self, t: Tensor) -> Tensor:
+        """``(N, C, T)`` -> complex ``(N, C, frames, n / 2 + 1)``."""
+        pad = (self.frames + 1) * self.hop - self.length - self.hop
+        frames = F.pad(t.float(), (self.hop, pad)).unfold(-1, self.n, self.hop)
+        return torch.fft.rfft(frames * self.window, norm="ortho")
+
+    def synthesis(self, z: Tensor) -> Tensor:
+        """Complex ``(N, C, frames, n / 2 + 1)`` -> ``(N, C, T)``."""
+        frames = torch.fft.irfft(z, n=self.n, norm="ortho").mul_(self.window)
+        h = self.hop
+        out = frames.new_zeros(*frames.shape[:-2], self.frames + 1, h)
+        out[..., :-1, :] += frames[..., :h]
+        out[..., 1:, :] += frames[..., h:]
+        return out.flatten(-2)[..., h : h + self.length]
+
+    @staticmethod
+    def power(z: Tensor) -> Tensor:
+        """``|z|^2`` of complex coefficients (real)."""
+        return z.real.square().add_(z.imag.square())
+
+    @staticmethod
+    def scale_(z: Tensor, s: Tensor) -> Tensor:
+        """``z / s`` in place, ``s`` real of ``z``'s shape."""
+        return z.mul_(s.reciprocal())
+
+    def zeros_like(self, t: Tensor) -> Tensor:
+        """Real zeros of the shape of ``t``'s coefficients (Adam's second moment)."""
+        return t.new_zeros(*t.shape[:-1], self.frames, self.n // 2 + 1, dtype=torch.float32)
+
+
 def _descend(front, x, target, target_norm, recipe: IRIRecipe, gen, memory_format, smooth):
     """:func:`_optimise`'s IRIs with signed, L2 or Adam steps (``x`` in ``memory_format``,
     its targets and their norms given)."""
     lo, hi = recipe.box
     device = x.device
     basis = _colour_basis(recipe, x)  # Adam's coordinates z, x = basis @ z per pixel
+    tf = _TimeFrequency.of(recipe, x)  # or z = the STFT of x, x = its inverse
     x_adv = _start(x, recipe, gen).clamp(lo, hi).contiguous(memory_format=memory_format)
     active = torch.ones(x.shape[0], dtype=torch.bool, device=device)
     m = v = None
     if recipe.optimizer == "adam":
-        m, v = torch.zeros_like(x_adv), torch.zeros_like(x_adv)
+        m = torch.zeros_like(x_adv)
+        v = torch.zeros_like(x_adv) if tf is None else tf.zeros_like(x_adv)
     numel = x[0].numel()
     early = recipe.tolerance is not None
     all_active = True
@@ -887,9 +966,15 @@ def _descend(front, x, target, target_norm, recipe: IRIRecipe, gen, memory_forma
                 mi.mul_(0.9).add_(grad, alpha=0.1)
                 if basis is not None:  # the gradient in z: basis^T grad
                     grad = _mix(grad, basis)
-                vi.mul_(b2).addcmul_(grad, grad, value=1 - b2)
+                if tf is not None:  # one scale per complex STFT coefficient
+                    vi.mul_(b2).add_(tf.power(tf.analysis(grad)), alpha=1 - b2)
+                else:
+                    vi.mul_(b2).addcmul_(grad, grad, value=1 - b2)
                 denom = (vi / (1 - b2 ** (t + 1))).sqrt_().add_(1e-8)
-                if basis is None:
+                if tf is not None:  # the step in z, back to samples
+                    step = tf.synthesis(tf.scale_(tf.analysis(mi), denom))
+                    new.sub_(step, alpha=alpha / (1 - 0.9 ** (t + 1)))
+                elif basis is None:
                     new.addcdiv_(mi, denom, value=-alpha / (1 - 0.9 ** (t + 1)))
                 else:  # the step in z, back to RGB
                     step = _mix(_mix(mi, basis).div_(denom), basis.T)
