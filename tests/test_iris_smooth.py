@@ -124,7 +124,7 @@ def test_earlier_presets_keep_their_keys():
                   "step_size": 1 / 255, "tolerance": None},
         "v1": {**base, "final_step_size": 0.002, "optimizer": "adam",
                "relu_grad": "straight_through", "step_size": 0.05, "tolerance": 0.01},
-        "audio": {**base, "box": [-1.0, 1.0], "final_step_size": 0.0001, "optimizer": "adam",
+        "audio-v1": {**base, "box": [-1.0, 1.0], "final_step_size": 0.0001, "optimizer": "adam",
                   "precision": "int16", "relu_grad": "straight_through",
                   "start": "scaled_noise", "start_scale": 0.003, "step_size": 0.003,
                   "steps": 300, "tolerance": 0.01},
@@ -140,6 +140,10 @@ def test_earlier_presets_keep_their_keys():
         with pytest.raises(ValueError, match=next(iter(bad))):
             IRIRecipe.from_kwargs(**bad)
     assert "smooth" in IRIRecipe().describe() and "beta2 0.95" in IRIRecipe().describe()
+    # the audio preset since 2026-12-05: the image default's loop in STFT coordinates
+    a = IRIRecipe.from_kwargs(preset="audio").key_dict()
+    assert (a["stft_window"], a["relu_grad"], a["adam_beta2"], a["precision"]) == (
+        256, "smooth", 0.95, "int16")  # fmt: skip
 
 
 def test_outward_momentum_is_dropped():

@@ -4,8 +4,9 @@ For a source input x and a stitch point i, an IRI is
 ``x' = argmin ||f_{<=i}(x') - f_{<=i}(x)||_F / ||f_{<=i}(x)||_F`` over valid inputs (the
 box), found by projected gradient steps that run only the front prefix (PROTOCOL section 3).
 Inputs are images ``(N, C, H, W)`` or of any other rank with a batch axis, e.g. waveforms
-``(N, C, T)``: for audio use ``preset="audio"`` (box (-1, 1), a quiet Gaussian start and
-int16 storage; uint8 levels are far too coarse for a waveform).
+``(N, C, T)``: for audio use ``preset="audio"`` (box (-1, 1), a quiet Gaussian start, Adam in
+short-time Fourier coordinates and int16 storage; uint8 levels are far too coarse for a
+waveform).
 
 * :func:`generate_iris` optimises a batch of images in memory.
 * :func:`generate_iris_set` streams a whole data set in chunks into a cache keyed by what
@@ -322,13 +323,20 @@ PRESETS: dict[str, dict] = {
            "relu_slope": 0.1, **_ADAM_V1},
     # waveforms in [-1, 1]: a quiet Gaussian start (uniform noise over the box never
     # converges), 300 Adam steps of 0.003 decaying to 0.0001 (the image steps leave a log-mel
-    # front 0.5-0.7 off; provisional, from a small study), int16 storage (uint8 levels are
-    # 1/127 of full scale)
+    # front 0.5-0.7 off), int16 storage (uint8 levels are 1/127 of full scale); since
+    # 2026-12-05 in STFT coordinates with the image default's smooth inner-ReLU gradient
+    # and moments, 4-20x closer on the speech demo's models (docs/validation/audio.md,
+    # "IRIs in STFT coordinates")
     "audio": {
         "steps": 300, "step_size": 0.003, "final_step_size": 0.0001, "start": "scaled_noise",
+        "start_scale": 0.003, "box": (-1.0, 1.0), "precision": "int16", "stft_window": 256,
+    },
+    # the audio preset up to 2026-12-05 (straight-through final ReLU, Adam's usual moments,
+    # in samples), with which the earlier speech pages were made
+    "audio-v1": {
+        "steps": 300, "step_size": 0.003, "final_step_size": 0.0001, "start": "scaled_noise",
         "start_scale": 0.003, "box": (-1.0, 1.0), "precision": "int16",
-        "relu_grad": "straight_through",  # as measured (docs/validation/audio.md)
-        **_ADAM_V1,
+        "relu_grad": "straight_through", **_ADAM_V1,
     },
 }  # fmt: skip
 
