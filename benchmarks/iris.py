@@ -219,6 +219,11 @@ RECIPES = {
     "lbfgs-0.15-h10": {"preset": "v2", "optimizer": "lbfgs", "relu_slope": 0.15, "history": 10},
     "lbfgs-0.15-h5": {"preset": "v2", "optimizer": "lbfgs", "relu_slope": 0.15, "history": 5},
     "lbfgs-smooth": {"optimizer": "lbfgs"},
+    # waveforms: the audio preset since 2026-12-05 (STFT coordinates), it without them, and
+    # the audio preset before (audio-v1)
+    "audio": {"preset": "audio"},
+    "audio-samples": {"preset": "audio", "stft_window": 0},
+    "audio-v1": {"preset": "audio-v1"},
 }
 
 
@@ -282,7 +287,7 @@ def _quality_rows(model, src, points, presets, repeats: int) -> list[dict]:
     recipe's time and error against the first's."""
     rows = []
     for point in points:
-        generate_iris(model, point, src[:8], steps=1)  # warm-up
+        generate_iris(model, point, src[:8], **{**RECIPES[presets[0]], "steps": 1})  # warm-up
         res, sec = {}, {}
         for _ in range(repeats):
             for preset in presets:
