@@ -325,7 +325,7 @@ PRESETS: dict[str, dict] = {
     # converges), 300 Adam steps of 0.003 decaying to 0.0001 (the image steps leave a log-mel
     # front 0.5-0.7 off), int16 storage (uint8 levels are 1/127 of full scale); since
     # 2026-12-05 in STFT coordinates with the image default's smooth inner-ReLU gradient
-    # and moments, 4-20x closer on the speech demo's models (docs/validation/audio.md,
+    # and moments, 1.8-19x closer (median 3.4x) on the speech demo's models (audio.md,
     # "IRIs in STFT coordinates")
     "audio": {
         "steps": 300, "step_size": 0.003, "final_step_size": 0.0001, "start": "scaled_noise",
