@@ -861,6 +861,35 @@ def _colour_basis(recipe: IRIRecipe, x: Tensor) -> Tensor | None:
     return torch.tensor(_OPPONENT, dtype=torch.float32, device=x.device)
 
 
+class _ColourBasis:
+    """Adam's coordinates for ``colour_basis``: ``z = basis^T x`` per pixel (orthonormal,
+    so synthesis is ``x = basis z``), one scale per coordinate."""
+
+    def __init__(self, basis: Tensor) -> None:
+        self.basis = basis
+
+    def analysis(self, t: Tensor) -> Tensor:
+        return _mix(t, self.basis)
+
+    def synthesis(self, z: Tensor) -> Tensor:
+        return _mix(z, self.basis.T)
+
+    @staticmethod
+    def add_power_(v: Tensor, z: Tensor, weight: float) -> None:
+        """``v += weight z^2``: Adam's second moment of the coordinates ``z``."""
+        v.addcmul_(z, z, value=weight)
+
+    @staticmethod
+    def scale_(z: Tensor, s: Tensor) -> Tensor:
+        """``z / s`` in place."""
+        return z.div_(s)
+
+    @staticmethod
+    def zeros_like(t: Tensor) -> Tensor:
+        """Zeros of the shape of ``t``'s coordinates (Adam's second moment)."""
+        return torch.zeros_like(t)
+
+
 def _mix(t: Tensor, m: Tensor) -> Tensor:
     """Each pixel's channel vector ``v`` of ``t`` replaced by ``v @ m`` (``m`` 3x3), in
     ``t``'s memory format: a 1x1 convolution on channels-last tensors, three sums of
@@ -877,7 +906,10 @@ class _TimeFrequency:
     hop, the signal zero-padded to whole frames) and orthonormal DFTs. The squared windows
     then sum to 1 at every sample, so :meth:`synthesis` (overlap-add of the windowed
     inverse DFTs) inverts :meth:`analysis` exactly, and a step scaled per coefficient by a
-    scale shared by each frequency's two signs is a symmetric preconditioner in samples."""
+    scale shared by each frequency's two signs is a symmetric preconditioner in samples.
+    (``torch.stft`` / ``torch.istft`` give the same frames; ``istft`` was several times
+    slower per step in a scratch timing, as it rebuilds and checks the window envelope on
+    every call, which here is 1 everywhere by construction.)"""
 
     def __init__(self, n: int, length: int, device: torch.device) -> None:
         self.n, self.hop, self.length = n, n // 2, length
@@ -918,6 +950,11 @@ class _TimeFrequency:
         """``|z|^2`` of complex coefficients (real)."""
         return z.real.square().add_(z.imag.square())
 
+    @classmethod
+    def add_power_(cls, v: Tensor, z: Tensor, weight: float) -> None:
+        """``v += weight |z|^2``: one second moment per complex coefficient."""
+        v.add_(cls.power(z), alpha=weight)
+
     @staticmethod
     def scale_(z: Tensor, s: Tensor) -> Tensor:
         """``z / s`` in place, ``s`` real of ``z``'s shape."""
@@ -928,19 +965,29 @@ class _TimeFrequency:
         return t.new_zeros(*t.shape[:-1], self.frames, self.n // 2 + 1, dtype=torch.float32)
 
 
+def _adam_coordinates(recipe: IRIRecipe, x: Tensor) -> _ColourBasis | _TimeFrequency | None:
+    """The coordinates z of ``x`` in which Adam keeps its second moment and takes its
+    steps (``colour_basis`` or ``stft_window``; None: the inputs' own). Each has
+    ``analysis`` (x -> z), ``synthesis`` (z -> x, its inverse), ``add_power_``,
+    ``scale_`` and ``zeros_like``; the first moment stays in x, where the box is."""
+    basis = _colour_basis(recipe, x)
+    if basis is not None:
+        return _ColourBasis(basis)
+    return _TimeFrequency.of(recipe, x)
+
+
 def _descend(front, x, target, target_norm, recipe: IRIRecipe, gen, memory_format, smooth):
     """:func:`_optimise`'s IRIs with signed, L2 or Adam steps (``x`` in ``memory_format``,
     its targets and their norms given)."""
     lo, hi = recipe.box
     device = x.device
-    basis = _colour_basis(recipe, x)  # Adam's coordinates z, x = basis @ z per pixel
-    tf = _TimeFrequency.of(recipe, x)  # or z = the STFT of x, x = its inverse
+    coords = _adam_coordinates(recipe, x)
     x_adv = _start(x, recipe, gen).clamp(lo, hi).contiguous(memory_format=memory_format)
     active = torch.ones(x.shape[0], dtype=torch.bool, device=device)
     m = v = None
     if recipe.optimizer == "adam":
         m = torch.zeros_like(x_adv)
-        v = torch.zeros_like(x_adv) if tf is None else tf.zeros_like(x_adv)
+        v = torch.zeros_like(x_adv) if coords is None else coords.zeros_like(x_adv)
     numel = x[0].numel()
     early = recipe.tolerance is not None
     all_active = True
@@ -969,23 +1016,19 @@ def _descend(front, x, target, target_norm, recipe: IRIRecipe, gen, memory_forma
                 mi = m if idx is None else m[idx]
                 vi = v if idx is None else v[idx]
                 b2 = recipe.adam_beta2
-                # the first moment is kept in RGB (linear, so it is the basis' moment mixed
-                # back), where the box is; the second in the basis
+                # the first moment is kept in x (linear, so it is the coordinates' moment
+                # mapped back), where the box is; the second in the coordinates
                 mi.mul_(0.9).add_(grad, alpha=0.1)
-                if basis is not None:  # the gradient in z: basis^T grad
-                    grad = _mix(grad, basis)
-                if tf is not None:  # one scale per complex STFT coefficient
-                    vi.mul_(b2).add_(tf.power(tf.analysis(grad)), alpha=1 - b2)
+                vi.mul_(b2)
+                if coords is None:
+                    vi.addcmul_(grad, grad, value=1 - b2)
                 else:
-                    vi.mul_(b2).addcmul_(grad, grad, value=1 - b2)
+                    coords.add_power_(vi, coords.analysis(grad), 1 - b2)
                 denom = (vi / (1 - b2 ** (t + 1))).sqrt_().add_(1e-8)
-                if tf is not None:  # the step in z, back to samples
-                    step = tf.synthesis(tf.scale_(tf.analysis(mi), denom))
-                    new.sub_(step, alpha=alpha / (1 - 0.9 ** (t + 1)))
-                elif basis is None:
+                if coords is None:
                     new.addcdiv_(mi, denom, value=-alpha / (1 - 0.9 ** (t + 1)))
-                else:  # the step in z, back to RGB
-                    step = _mix(_mix(mi, basis).div_(denom), basis.T)
+                else:  # the step in z, back to x
+                    step = coords.synthesis(coords.scale_(coords.analysis(mi), denom))
                     new.sub_(step, alpha=alpha / (1 - 0.9 ** (t + 1)))
                 if recipe.drop_outward_momentum:  # no momentum pushing a pixel out of the box
                     mi.masked_fill_((new < lo) | (new > hi), 0.0)
