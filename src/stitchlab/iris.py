@@ -848,25 +848,25 @@ _OPPONENT = (
 )
 
 
-def _colour_basis(recipe: IRIRecipe, x: Tensor) -> Tensor | None:
-    """The ``(3, 3)`` basis of ``recipe.colour_basis`` (None for RGB); a ValueError for
-    inputs that are not RGB images."""
-    if recipe.colour_basis == "rgb":
-        return None
-    if x.dim() != 4 or x.shape[1] != 3:
-        raise ValueError(
-            f"colour_basis={recipe.colour_basis!r} needs RGB images (N, 3, H, W), got inputs "
-            f"of shape {tuple(x.shape)}; use colour_basis='rgb' for other inputs"
-        )
-    return torch.tensor(_OPPONENT, dtype=torch.float32, device=x.device)
-
-
 class _ColourBasis:
     """Adam's coordinates for ``colour_basis``: ``z = basis^T x`` per pixel (orthonormal,
     so synthesis is ``x = basis z``), one scale per coordinate."""
 
     def __init__(self, basis: Tensor) -> None:
         self.basis = basis
+
+    @classmethod
+    def of(cls, recipe: IRIRecipe, x: Tensor) -> _ColourBasis | None:
+        """The basis of ``recipe.colour_basis`` for inputs like ``x`` (None for RGB); a
+        ValueError for inputs that are not RGB images."""
+        if recipe.colour_basis == "rgb":
+            return None
+        if x.dim() != 4 or x.shape[1] != 3:
+            raise ValueError(
+                f"colour_basis={recipe.colour_basis!r} needs RGB images (N, 3, H, W), got "
+                f"inputs of shape {tuple(x.shape)}; use colour_basis='rgb' for other inputs"
+            )
+        return cls(torch.tensor(_OPPONENT, dtype=torch.float32, device=x.device))
 
     def analysis(self, t: Tensor) -> Tensor:
         return _mix(t, self.basis)
@@ -970,10 +970,8 @@ def _adam_coordinates(recipe: IRIRecipe, x: Tensor) -> _ColourBasis | _TimeFrequ
     steps (``colour_basis`` or ``stft_window``; None: the inputs' own). Each has
     ``analysis`` (x -> z), ``synthesis`` (z -> x, its inverse), ``add_power_``,
     ``scale_`` and ``zeros_like``; the first moment stays in x, where the box is."""
-    basis = _colour_basis(recipe, x)
-    if basis is not None:
-        return _ColourBasis(basis)
-    return _TimeFrequency.of(recipe, x)
+    colour = _ColourBasis.of(recipe, x)
+    return colour if colour is not None else _TimeFrequency.of(recipe, x)
 
 
 def _descend(front, x, target, target_norm, recipe: IRIRecipe, gen, memory_format, smooth):
