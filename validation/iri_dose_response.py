@@ -56,6 +56,10 @@ LEVELS = {  # from rough to converged; "default" names stitchlab's default befor
     "smooth 0.3 + beta2 0.95 (the default since 2026-12-04)": {},
     # the same with Adam in an opponent colour basis (an option since 2026-12-05)
     "the default since 2026-12-04, opponent colour basis": {"colour_basis": "opponent"},
+    # the same loop with more steps (its schedule stretched over them): 4x and 8x the
+    # paper recipe's time, what 0.05 costs at the shortcut fronts' layer2.1
+    "the default since 2026-12-04, 720 steps": {"steps": 720},
+    "the default since 2026-12-04, 1440 steps": {"steps": 1440},
 }  # fmt: skip
 
 
