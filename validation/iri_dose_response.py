@@ -208,6 +208,11 @@ def main() -> None:
     print(f"done in {time.perf_counter() - t_start:.0f} s", flush=True)
 
 
+def _family(pair: str) -> str:
+    """A pair's family: ``cross-bias3`` -> ``cross-bias`` (the configs number extra fronts)."""
+    return pair.rstrip("0123456789")
+
+
 def _figure(rows, path: Path, n0: int, e0: int) -> None:
     import matplotlib
 
@@ -222,14 +227,21 @@ def _figure(rows, path: Path, n0: int, e0: int) -> None:
     markers = dict(zip(objectives, "os^Dv"))
     for j, point in enumerate(points):
         ax = axes[0][j]
+        curves: dict[tuple[str, str], list] = {}  # a pair's levels, one line per objective
         for r in rows:
             if r["point"] != point or r["n_iris"] != n0 or r["epochs"] != e0:
                 continue
-            ax.scatter(r["iri_median_error"], r["agreement"], color=colours.get(r["pair"], "k"),
+            colour = colours.get(_family(r["pair"]), "k")
+            ax.scatter(r["iri_median_error"], r["agreement"], color=colour,
                        marker=markers[r["objective"]], s=22)  # fmt: skip
+            curves.setdefault((r["pair"], r["objective"]), []).append(r)
+        for (pair, _), rs in curves.items():
+            rs.sort(key=lambda r: r["iri_median_error"])
+            ax.plot([r["iri_median_error"] for r in rs], [r["agreement"] for r in rs],
+                    color=colours.get(_family(pair), "k"), lw=0.6, alpha=0.5)  # fmt: skip
         ax.set_xscale("log")
         ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
-        ax.set_xticks([0.05, 0.1, 0.2, 0.5])
+        ax.set_xticks([0.03, 0.05, 0.1, 0.2, 0.5])
         ax.xaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
         ax.invert_xaxis()
         ax.set_xlabel("median relative error of the IRIs")
@@ -238,7 +250,7 @@ def _figure(rows, path: Path, n0: int, e0: int) -> None:
         if j == 0:
             ax.set_ylabel("agreement under IRIs (%)")
     handles = [plt.Line2D([], [], color=c, marker="o", ls="", label=p) for p, c in
-               colours.items() if any(r["pair"] == p for r in rows)]  # fmt: skip
+               colours.items() if any(_family(r["pair"]) == p for r in rows)]  # fmt: skip
     handles += [plt.Line2D([], [], color="0.3", marker=m, ls="", label=o) for o, m in
                 markers.items()]  # fmt: skip
     fig.legend(handles=handles, loc="center right", fontsize=7, frameon=False)
