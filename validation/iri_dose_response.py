@@ -173,6 +173,9 @@ def main() -> None:
                             capture_output=True, text=True).stdout.strip()  # fmt: skip
     print(f"commit {commit}; {args.config}", flush=True)
     n0, e0 = raw["stitch"]["n_stitch"], raw["stitch"]["training"].get("epochs", 30)
+    pairs = args.pairs.split(",")
+    if unknown_pairs := sorted(set(pairs) - set(raw["pairs"])):
+        raise SystemExit(f"unknown pairs {unknown_pairs}; the config has {list(raw['pairs'])}")
     levels = args.levels.split(";")
     unknown = sorted(set(levels + [args.count_level]) - set(LEVELS))
     if unknown:
@@ -186,7 +189,7 @@ def main() -> None:
     t_start = time.perf_counter()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    for pair in args.pairs.split(","):
+    for pair in pairs:
         for point in args.points.split(","):
             objectives = args.objectives.split(",")
             for row in _cell(raw, store, pair, point, objectives, grid, args.lr):
