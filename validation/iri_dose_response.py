@@ -244,7 +244,11 @@ def _figure(rows, path: Path, n0: int, e0: int) -> None:
                     color=colours.get(_family(pair), "k"), lw=0.6, alpha=0.5)  # fmt: skip
         ax.set_xscale("log")
         ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
-        ax.set_xticks([0.03, 0.05, 0.1, 0.2, 0.5])
+        errors = [r["iri_median_error"] for rs in curves.values() for r in rs]
+        if errors:  # ticks inside the data's range, which can be narrow
+            lo, hi = min(errors) / 1.3, max(errors) * 1.3
+            ax.set_xlim(lo, hi)
+            ax.set_xticks([t for t in (0.02, 0.03, 0.05, 0.1, 0.2, 0.5) if lo <= t <= hi])
         ax.xaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
         ax.invert_xaxis()
         ax.set_xlabel("median relative error of the IRIs")
