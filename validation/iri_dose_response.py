@@ -248,7 +248,9 @@ def _figure(rows, path: Path, n0: int, e0: int) -> None:
         if errors:  # ticks inside the data's range, which can be narrow
             lo, hi = min(errors) / 1.3, max(errors) * 1.3
             ax.set_xlim(lo, hi)
-            ax.set_xticks([t for t in (0.02, 0.03, 0.05, 0.1, 0.2, 0.5) if lo <= t <= hi])
+            ticks = [t for t in (0.02, 0.03, 0.05, 0.1, 0.2, 0.5) if lo <= t <= hi]
+            if ticks:  # else matplotlib's own
+                ax.set_xticks(ticks)
         ax.xaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
         ax.invert_xaxis()
         ax.set_xlabel("median relative error of the IRIs")
