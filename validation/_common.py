@@ -19,6 +19,12 @@ def script_commit() -> str:
                           text=True, cwd=Path(__file__).parent).stdout.strip()  # fmt: skip
 
 
+def pair_family(pair: str) -> str:
+    """A pair's family: its name without a trailing front number (``cross-seed2`` is a
+    ``cross-seed`` front), as configs with several fronts per family name their pairs."""
+    return pair.rstrip("0123456789")
+
+
 def model_and_images(
     raw: dict, store: Path, name: str, n: int, config: str = "the config"
 ) -> tuple[nn.Module, torch.Tensor]:

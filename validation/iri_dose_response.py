@@ -22,11 +22,11 @@ from __future__ import annotations
 import argparse
 import copy
 import csv
-import subprocess
 import time
 from pathlib import Path
 
 import torch
+from _common import pair_family, script_commit
 
 from stitchlab import InvarianceAware, Stitcher, TrainingConfig, evaluate, iri_agreement
 from stitchlab.experiments import load_config, with_fingerprints
@@ -168,10 +168,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     raw = with_fingerprints(load_config(args.config).raw)
     store = Path(args.store)
-    here = str(Path(__file__).parent)
-    commit = subprocess.run(["git", "-C", here, "rev-parse", "--short", "HEAD"],
-                            capture_output=True, text=True).stdout.strip()  # fmt: skip
-    print(f"commit {commit}; {args.config}", flush=True)
+    print(f"commit {script_commit()}; {args.config}", flush=True)
     n0, e0 = raw["stitch"]["n_stitch"], raw["stitch"]["training"].get("epochs", 30)
     pairs = args.pairs.split(",")
     if unknown_pairs := sorted(set(pairs) - set(raw["pairs"])):
@@ -211,11 +208,6 @@ def main() -> None:
     print(f"done in {time.perf_counter() - t_start:.0f} s", flush=True)
 
 
-def _family(pair: str) -> str:
-    """A pair's family: ``cross-bias3`` -> ``cross-bias`` (the configs number extra fronts)."""
-    return pair.rstrip("0123456789")
-
-
 def _figure(rows, path: Path, n0: int, e0: int) -> None:
     import matplotlib
 
@@ -234,14 +226,14 @@ def _figure(rows, path: Path, n0: int, e0: int) -> None:
         for r in rows:
             if r["point"] != point or r["n_iris"] != n0 or r["epochs"] != e0:
                 continue
-            colour = colours.get(_family(r["pair"]), "k")
+            colour = colours.get(pair_family(r["pair"]), "k")
             ax.scatter(r["iri_median_error"], r["agreement"], color=colour,
                        marker=markers[r["objective"]], s=22)  # fmt: skip
             curves.setdefault((r["pair"], r["objective"]), []).append(r)
         for (pair, _), rs in curves.items():
             rs.sort(key=lambda r: r["iri_median_error"])
             ax.plot([r["iri_median_error"] for r in rs], [r["agreement"] for r in rs],
-                    color=colours.get(_family(pair), "k"), lw=0.6, alpha=0.5)  # fmt: skip
+                    color=colours.get(pair_family(pair), "k"), lw=0.6, alpha=0.5)  # fmt: skip
         ax.set_xscale("log")
         ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
         errors = [r["iri_median_error"] for rs in curves.values() for r in rs]
@@ -259,7 +251,7 @@ def _figure(rows, path: Path, n0: int, e0: int) -> None:
         if j == 0:
             ax.set_ylabel("agreement under IRIs (%)")
     handles = [plt.Line2D([], [], color=c, marker="o", ls="", label=p) for p, c in
-               colours.items() if any(_family(r["pair"]) == p for r in rows)]  # fmt: skip
+               colours.items() if any(pair_family(r["pair"]) == p for r in rows)]  # fmt: skip
     handles += [plt.Line2D([], [], color="0.3", marker=m, ls="", label=o) for o, m in
                 markers.items()]  # fmt: skip
     fig.legend(handles=handles, loc="center right", fontsize=7, frameon=False)

@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 import pandas as pd
+from _common import pair_family
 
 from stitchlab.report import iri_quality, iri_transfer, markdown_table
 
@@ -104,11 +105,9 @@ def hard_ceiling(t: pd.DataFrame) -> pd.DataFrame | None:
 
 def _per_front(t: pd.DataFrame, column: str) -> pd.DataFrame:
     """``column`` per (family, pair, protocol, objective, point), averaged over stitch
-    seeds; a pair's family is its name without a trailing front number (``cross-seed2``
-    is a ``cross-seed`` front)."""
+    seeds; a pair's family is :func:`pair_family`'s."""
     keys = ["family", "pair", "protocol", "objective", "point_index", "point"]
-    fam = t["pair"].str.replace(r"\d+$", "", regex=True)
-    return t.assign(family=fam).groupby(keys)[column].mean().reset_index()
+    return t.assign(family=t["pair"].map(pair_family)).groupby(keys)[column].mean().reset_index()
 
 
 def front_families(t: pd.DataFrame, column: str = "agreement") -> pd.DataFrame | None:
