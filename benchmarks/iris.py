@@ -8,9 +8,10 @@ stitchlab: only the front prefix runs, the target f(x) is computed once per batc
 
 Limit: the prefix's own forward + backward (to the input) for the same batch and steps.
 
-Time to quality: stitchlab's default recipe (Adam 0.1 -> 0.01, surrogate ReLU gradient,
-tolerance) and its earlier default (preset "v1") against the paper's recipe on a trained
-small CNN: seconds and median error, same run.
+Time to quality: stitchlab's default recipe (Adam 0.1 -> 0.01 whitened by the first
+convolution, smooth inner-ReLU gradient, tolerance) and its earlier defaults (presets "v1"
+and "v3") against the paper's recipe on a trained small CNN: seconds and median error,
+same run.
 
     python benchmarks/iris.py [--width 16] [--batch 128] [--steps 20] [--tables quality]
     python benchmarks/iris.py --tables memory   # channels-last against contiguous
@@ -208,6 +209,7 @@ RECIPES = {
     "paper": {"preset": "paper"},
     "v1": {"preset": "v1"},
     "v2": {"preset": "v2"},
+    "v3": {"preset": "v3"},  # the default before the first-layer preconditioner (2026-12-05)
     "default": {},
     "default-200": {"steps": 200},
     "default-170": {"steps": 170},
@@ -310,9 +312,9 @@ def _quality_rows(model, src, points, presets, repeats: int) -> list[dict]:
 
 
 def time_to_quality(n: int = 128, seed: int = 0, repeats: int = 3) -> list[dict]:
-    """stitchlab's default recipe and its earlier default (preset "v1") against the paper's
-    (200 signed steps of 1/255) on a trained small CNN (generated shapes, 3 epochs):
-    seconds and median relative error per point, and the time ratio. The three recipes are
+    """stitchlab's default recipe and its earlier defaults (presets "v1", "v3") against the
+    paper's (200 signed steps of 1/255) on a trained small CNN (generated shapes, 3 epochs):
+    seconds and median relative error per point, and the time ratio. The recipes are
     run interleaved ``repeats`` times and each keeps its fastest run, so a burst of load on
     the machine does not land on one recipe only (the errors are the same every time)."""
     from stitchlab.train import train_classifier
@@ -322,8 +324,8 @@ def time_to_quality(n: int = 128, seed: int = 0, repeats: int = 3) -> list[dict]
     model = models.create("small_cnn", width=16)
     train_classifier(model, (x, y), epochs=3, seed=seed)
     model.eval()
-    return _quality_rows(model, x[:n], sl.stitch_points(model), ("paper", "v1", "default"),
-                         repeats)  # fmt: skip
+    return _quality_rows(model, x[:n], sl.stitch_points(model),
+                         ("paper", "v1", "v3", "default"), repeats)  # fmt: skip
 
 
 def time_to_quality_stored(
