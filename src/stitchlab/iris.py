@@ -1079,7 +1079,9 @@ class _FirstLayer:
     gradients to z and steps back to x (:meth:`analysis` = :meth:`synthesis`)."""
 
     def __init__(self, blocks: Tensor, size: tuple[int, int]) -> None:
-        self.blocks, self.size = blocks, size  # (H, W // 2 + 1, C, C) complex
+        # (C_out, C_in, H, W // 2 + 1) complex: each frequency's block, broadcast over the
+        # batch (10x faster on the CPU than a batched matmul or einsum of 3x3 blocks)
+        self.blocks, self.size = blocks.permute(2, 3, 0, 1).contiguous(), size
 
     @classmethod
     def of(cls, recipe: IRIRecipe, x: Tensor, front: nn.Module | None) -> _FirstLayer | None:
@@ -1110,7 +1112,7 @@ class _FirstLayer:
     def analysis(self, t: Tensor) -> Tensor:
         """``S t`` (real, of ``t``'s shape)."""
         coeffs = torch.fft.rfft2(t.float(), norm="ortho")  # (N, C, H, W//2+1)
-        mixed = torch.einsum("hkab,nbhk->nahk", self.blocks, coeffs)
+        mixed = (self.blocks.unsqueeze(0) * coeffs.unsqueeze(1)).sum(2)
         return torch.fft.irfft2(mixed, s=self.size, norm="ortho").to(t.dtype)
 
     synthesis = analysis
