@@ -46,7 +46,7 @@ threads = 1
 """
 
 ROUGH = "sign 40 steps 8/255->0.5/255"
-DEFAULT = "smooth 0.3 + beta2 0.95 (the default since 2026-12-04)"
+DEFAULT = "whitened by the first convolution (the default since 2026-12-05)"
 
 
 @pytest.fixture(scope="module")

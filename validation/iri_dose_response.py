@@ -52,14 +52,16 @@ LEVELS = {  # from rough to converged; "default" names stitchlab's default befor
     # a quieter start: Gaussian noise (sd 0.1) around mid-grey, smaller first steps
     "quiet start 0.1 + adam 0.03->0.01": {"preset": "v2", "start": "scaled_noise",
                                          "start_scale": 0.1, "step_size": 0.03},
-    # stitchlab's default since 2026-12-04
-    "smooth 0.3 + beta2 0.95 (the default since 2026-12-04)": {},
+    # stitchlab's default from 2026-12-04 to 2026-12-05 (preset "v3", Adam in pixels)
+    "smooth 0.3 + beta2 0.95 (the default since 2026-12-04)": {"preset": "v3"},
     # the same with Adam in an opponent colour basis (an option since 2026-12-05)
     "the default since 2026-12-04, opponent colour basis": {"colour_basis": "opponent"},
     # the same loop with more steps (its schedule stretched over them): 4x and 8x the
     # paper recipe's time, what 0.05 costs at the shortcut fronts' layer2.1
-    "the default since 2026-12-04, 720 steps": {"steps": 720},
-    "the default since 2026-12-04, 1440 steps": {"steps": 1440},
+    "the default since 2026-12-04, 720 steps": {"preset": "v3", "steps": 720},
+    "the default since 2026-12-04, 1440 steps": {"preset": "v3", "steps": 1440},
+    # stitchlab's default since 2026-12-05: the same, Adam whitened by the first convolution
+    "whitened by the first convolution (the default since 2026-12-05)": {},
 }  # fmt: skip
 
 
