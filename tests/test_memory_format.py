@@ -75,15 +75,26 @@ def test_layout_dependent_code_and_other_inputs_stay_contiguous(monkeypatch):
 def test_iris_agree_between_layouts(monkeypatch):
     net, x = _conv_net(), torch.rand(16, 3, 16, 16, generator=torch.Generator().manual_seed(1))
     results = {}
-    for mode in ("0", "auto"):
-        monkeypatch.setenv(ENV, mode)
-        results[mode] = generate_iris(net, "3", x, steps=20, seed=3, tolerance=None)
-    a, b = results["0"], results["auto"]
+    for precondition in ("none", "first_layer"):
+        for mode in ("0", "auto"):
+            monkeypatch.setenv(ENV, mode)
+            results[precondition, mode] = generate_iris(
+                net, "3", x, steps=20, seed=3, tolerance=None, precondition=precondition
+            )
+    a, b = results["none", "0"], results["none", "auto"]
     assert b.iris.is_contiguous()
     # the same optimisation to rounding: errors agree, IRIs within one uint8 level
     torch.testing.assert_close(b.rel_error_float, a.rel_error_float, rtol=1e-3, atol=1e-4)
     assert float((a.iris - b.iris).abs().max()) <= 1 / 255 + 1e-6
     assert float((a.iris != b.iris).float().mean()) < 0.01
+    # whitened Adam (the default) spreads a pixel's rounding difference at the box over the
+    # image (S is not local), so a few pixels move by more than a level (measured: 0.8%
+    # differ, 0.03% by more than one level, at most 8); the errors still agree
+    a, b = results["first_layer", "0"], results["first_layer", "auto"]
+    torch.testing.assert_close(b.rel_error_float, a.rel_error_float, rtol=1e-3, atol=1e-4)
+    differ = (a.iris - b.iris).abs()
+    assert float((differ > 0).float().mean()) < 0.02
+    assert float((differ > 1.5 / 255).float().mean()) < 0.001
     # a model that cannot run channels-last gives exactly the contiguous result
     viewing = _Viewing().eval()
     xv = torch.rand(4, 3, 8, 8, generator=torch.Generator().manual_seed(2))
