@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from stitchlab import generate_iris
+from stitchlab import generate_iris, generate_iris_set
 from stitchlab.iris import (
     FIRST_LAYER_DAMPING,
     IRIRecipe,
@@ -109,19 +109,33 @@ class _Residual(nn.Module):
     ],
     ids=["strided", "grouped", "dilated", "input-used-twice"],
 )
-def test_other_first_layers_stay_in_pixels_bit_for_bit(first):
+def test_other_first_layers_stay_in_pixels_bit_for_bit(first, tmp_path):
     torch.manual_seed(0)
     model = nn.Sequential(first, nn.ReLU(), nn.Flatten()).eval()
     x = torch.rand(4, 3, 8, 8)
-    assert _FirstLayer.of(IRIRecipe(), x, _front(model)) is None
+    front = _front(model)
+    assert _FirstLayer.of(IRIRecipe(), x, front) is None
+    assert IRIRecipe().for_front(front, x).precondition == "none"
     a = generate_iris(model, "1", x, steps=20)
     b = generate_iris(model, "1", x, steps=20, precondition="none")
     assert torch.equal(a.iris, b.iris) and torch.equal(a.rel_error, b.rel_error)
+    # the default's stored set is the pixel recipe's: same key, one folder
+    data = (x, torch.zeros(4, dtype=torch.long))
+    auto = generate_iris_set(model, "1", data, tmp_path, steps=20)
+    none = generate_iris_set(model, "1", data, tmp_path, steps=20, precondition="none")
+    assert auto.root == none.root and len(list(tmp_path.iterdir())) == 1
+    with pytest.raises(ValueError, match="precondition='first_layer' needs a front whose"):
+        generate_iris(model, "1", x, steps=2, precondition="first_layer")
 
 
 def test_auto_resolves_to_first_layer_only_for_adam_in_pixels():
-    assert IRIRecipe().precondition == "first_layer"
-    assert IRIRecipe.from_kwargs().key_dict()["precondition"] == "first_layer"
+    assert IRIRecipe().precondition == "auto"  # resolved against the front when IRIs are made
+    assert IRIRecipe.from_kwargs().key_dict()["precondition"] == "auto"
+    conv = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU(), nn.Flatten())
+    x = torch.rand(2, 3, 8, 8)
+    resolved = IRIRecipe().for_front(_front(conv), x)
+    assert resolved.precondition == "first_layer"
+    assert resolved.key_dict()["precondition"] == "first_layer"
     for kw in ({"optimizer": "sign"}, {"optimizer": "lbfgs"}, {"colour_basis": "opponent"},
                {"stft_window": 256}, {"preset": "paper"}, {"preset": "v3"}, {"preset": "v2"},
                {"preset": "audio"}):  # fmt: skip
@@ -130,7 +144,7 @@ def test_auto_resolves_to_first_layer_only_for_adam_in_pixels():
         assert "precondition" not in recipe.key_dict()  # keys of sets stored before it
     # v3 is the default before the preconditioner, field for field
     v3 = IRIRecipe.from_kwargs(preset="v3").as_dict()
-    assert {k for k, v in IRIRecipe().as_dict().items() if v3[k] != v} == {"precondition"}
+    assert {k for k, v in resolved.as_dict().items() if v3[k] != v} == {"precondition"}
     with pytest.raises(ValueError, match="add precondition='none' to use optimizer='lbfgs'"):
         IRIRecipe.from_kwargs(optimizer="lbfgs", precondition="first_layer")
     with pytest.raises((TypeError, ValueError), match="precondition must be 'auto'"):

@@ -102,11 +102,13 @@ class IRIRecipe:
     it lowers the median error 20-32% from layer2.1 on and up to 77% at a shortcut front's
     layer1.1, at 1.04-1.12x the time of Adam in pixels (docs/validation/iri_convergence.md,
     "Adam whitened by the first layer"). It applies where the input goes straight into an
-    ``nn.Conv2d`` of stride 1 and one group (:func:`input_convolution`); for other fronts
-    (a strided stem, a patch embedding, a normalisation first, 1-D inputs) Adam runs in the
-    inputs' own coordinates, as with ``"none"``. The default, ``"auto"``, is
-    ``"first_layer"`` for Adam without ``colour_basis`` or ``stft_window`` and ``"none"``
-    otherwise (the recipe holds the resolved value).
+    ``nn.Conv2d`` of stride 1 and one group (:func:`input_convolution`); asked of another
+    front (a strided stem, a patch embedding, a normalisation first, 1-D inputs) it is an
+    error. The default, ``"auto"``, is ``"none"`` for other optimizers, ``colour_basis`` or
+    ``stft_window`` (resolved when the recipe is made) and, for Adam in pixels, resolved
+    against the front when IRIs are made: ``"first_layer"`` where it applies, ``"none"``
+    elsewhere. So a stored set's key, and the recipe its report names, say what ran (a
+    ViT's sets under the default are those of ``preset="v3"``, bit for bit).
 
     ``relu_grad="straight_through"`` backpropagates through a ReLU that ends the front
     (a post-activation point) as if it were the identity, as model-metamer work does: a
@@ -173,15 +175,32 @@ class IRIRecipe:
     history: int = 20  # curvature pairs kept per sample by optimizer="lbfgs"
     colour_basis: Literal["rgb", "opponent"] = "rgb"  # Adam's coordinates for RGB images
     # Adam's coordinates whitened by the front's first convolution (see the class docstring);
-    # "auto" becomes "first_layer" for Adam in pixels, "none" otherwise
+    # "auto": "none" unless Adam runs in pixels, then resolved against the front
     precondition: Literal["auto", "first_layer", "none"] = "auto"
 
     def __post_init__(self) -> None:
-        if self.precondition == "auto":
-            plain_adam = (
-                self.optimizer == "adam" and self.colour_basis == "rgb" and not self.stft_window
+        plain_adam = (
+            self.optimizer == "adam" and self.colour_basis == "rgb" and not self.stft_window
+        )
+        if self.precondition == "auto" and not plain_adam:
+            object.__setattr__(self, "precondition", "none")
+
+    def for_front(self, front: nn.Module, example: Tensor) -> IRIRecipe:
+        """This recipe with ``precondition="auto"`` resolved for ``front`` and inputs like
+        ``example`` (a batch): ``"first_layer"`` where :func:`input_convolution` finds the
+        convolution, ``"none"`` elsewhere. A ValueError for ``"first_layer"`` asked of a
+        front it does not apply to."""
+        if self.precondition == "none":
+            return self
+        fits = _FirstLayer.applies(front, example)
+        if self.precondition == "first_layer" and not fits:
+            raise ValueError(
+                "precondition='first_layer' needs a front whose input (N, C, H, W) goes "
+                "straight into one nn.Conv2d of stride 1, dilation 1 and one group; this "
+                "front's does not (a strided stem, a patch embedding or another first "
+                "layer). Use precondition='auto' or 'none'."
             )
-            object.__setattr__(self, "precondition", "first_layer" if plain_adam else "none")
+        return dataclasses.replace(self, precondition="first_layer" if fits else "none")
     stft_window: int = 0  # > 0: Adam's coordinates for (N, C, T) inputs, an STFT of this window
 
     @classmethod
@@ -222,12 +241,12 @@ class IRIRecipe:
             )
         if self.stft_window and self.colour_basis != "rgb":
             raise ValueError("stft_window and colour_basis are for different inputs; set one")
-        if self.precondition not in ("first_layer", "none"):
+        if self.precondition not in ("auto", "first_layer", "none"):
             raise ValueError(
                 f"precondition must be 'auto', 'first_layer' or 'none', got "
                 f"{self.precondition!r}"
             )
-        if self.precondition != "none":
+        if self.precondition == "first_layer":
             other = (
                 f"optimizer={self.optimizer!r}" if self.optimizer != "adam"
                 else f"colour_basis={self.colour_basis!r}" if self.colour_basis != "rgb"
@@ -1084,21 +1103,33 @@ class _FirstLayer:
         # batch (10x faster on the CPU than a batched matmul or einsum of 3x3 blocks)
         self.blocks, self.size = blocks.permute(2, 3, 0, 1).contiguous(), size
 
-    @classmethod
-    def of(cls, recipe: IRIRecipe, x: Tensor, front: nn.Module | None) -> _FirstLayer | None:
-        """The preconditioner of ``front`` for inputs like ``x``; None when the recipe
-        has none, the inputs are not ``(N, C, H, W)`` or the front does not start with
-        a convolution :func:`input_convolution` accepts (Adam then runs in the inputs'
-        own coordinates)."""
-        if recipe.precondition == "none" or front is None or x.dim() != 4:
+    @staticmethod
+    def _weight(front: nn.Module | None, x: Tensor) -> Tensor | None:
+        if front is None or x.dim() != 4:
             return None
         weight = input_convolution(front)
         if weight is None or weight.shape[1] != x.shape[1]:
             return None
+        if weight.shape[-2] > x.shape[-2] or weight.shape[-1] > x.shape[-1]:
+            return None
+        return weight
+
+    @classmethod
+    def applies(cls, front: nn.Module, x: Tensor) -> bool:
+        """Whether ``front`` has a first layer to whiten for inputs like ``x``."""
+        return cls._weight(front, x) is not None
+
+    @classmethod
+    def of(cls, recipe: IRIRecipe, x: Tensor, front: nn.Module | None) -> _FirstLayer | None:
+        """The preconditioner of ``front`` for inputs like ``x``; None when the recipe
+        has none (``"auto"`` counts as ``"first_layer"``), the inputs are not ``(N, C, H,
+        W)`` or the front does not start with a convolution :func:`input_convolution`
+        accepts (Adam then runs in the inputs' own coordinates)."""
+        weight = cls._weight(front, x) if recipe.precondition != "none" else None
+        if weight is None:
+            return None
         h, w = x.shape[-2:]
         kh, kw = weight.shape[-2:]
-        if kh > h or kw > w:
-            return None
         padded = weight.new_zeros(*weight.shape[:2], h, w)
         padded[..., :kh, :kw] = weight
         # cross-correlation: frequency k maps the input's coefficients by conj(W_hat(k));
@@ -1492,6 +1523,7 @@ def generate_iris(
     fmt = torch.contiguous_format
     if len(x_all):  # BatchNorm folded, then the memory format: each from a trial on two sources
         trial = x_all[:2].to(dev)
+        rec = rec.for_front(front, trial)
         front, _ = folded(front, trial)
         fmt = memory_format_for(front, trial)
     for i in range(0, x_all.shape[0], rec.batch_size):
@@ -1697,6 +1729,8 @@ def generate_iris_set(
     dataset, _ = as_dataset(data, "data")
     dev = torch.device(device) if device is not None else _module_device(model)
     front = _recipe_front(model, point, leaf_modules, output, rec)
+    if len(dataset):  # "auto" resolved against the front, so the key names what runs
+        rec = rec.for_front(front, dataset[0][0].unsqueeze(0))
     key_parts = {
         "format": FORMAT_VERSION,
         "front": model_fingerprint(front),

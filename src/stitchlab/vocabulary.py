@@ -120,6 +120,8 @@ def describe_iri_recipe(recipe: dict) -> str:
             extra.append(f"in STFT coordinates (sqrt-Hann window of {recipe['stft_window']})")
         if recipe.get("precondition", "none") == "first_layer":
             extra.append("whitened by the first convolution")
+        elif recipe.get("precondition") == "auto":
+            extra.append("whitened by the first convolution where the front starts with one")
         if extra:
             steps += f" ({', '.join(extra)})"
     if recipe["optimizer"] == "lbfgs":  # per-sample L-BFGS: the sizes cap each step's RMS
