@@ -174,6 +174,7 @@ class IRIRecipe:
     precision: Literal["uint8", "int16", "float32"] = "uint8"  # storage of the IRIs
     history: int = 20  # curvature pairs kept per sample by optimizer="lbfgs"
     colour_basis: Literal["rgb", "opponent"] = "rgb"  # Adam's coordinates for RGB images
+    stft_window: int = 0  # > 0: Adam's coordinates for (N, C, T) inputs, an STFT of this window
     # Adam's coordinates whitened by the front's first convolution (see the class docstring);
     # "auto": "none" unless Adam runs in pixels, then resolved against the front
     precondition: Literal["auto", "first_layer", "none"] = "auto"
@@ -201,7 +202,6 @@ class IRIRecipe:
                 "layer). Use precondition='auto' or 'none'."
             )
         return dataclasses.replace(self, precondition="first_layer" if fits else "none")
-    stft_window: int = 0  # > 0: Adam's coordinates for (N, C, T) inputs, an STFT of this window
 
     @classmethod
     def paper(cls, **overrides) -> IRIRecipe:
