@@ -35,6 +35,7 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.nn.utils.fusion import fuse_conv_bn_weights
 from torch.utils.data import Dataset
 
 from ._batchnorm import folded
@@ -1081,10 +1082,13 @@ def input_convolution(front: nn.Module) -> Tensor | None:
             and bn.running_var is not None
             and bn.num_features == weight.shape[0]
         ):
-            scale = (bn.running_var.float() + bn.eps).rsqrt()
-            if bn.affine:
-                scale = scale * bn.weight.detach().float()
-            weight = weight * scale.view(-1, 1, 1, 1)
+            # torch's folding, as stitchlab._batchnorm folds (the bias does not matter here)
+            weight, _ = fuse_conv_bn_weights(
+                weight, None, bn.running_mean.float(), bn.running_var.float(), bn.eps,
+                None if bn.weight is None else bn.weight.detach().float(),
+                None if bn.bias is None else bn.bias.detach().float(),
+            )  # fmt: skip
+            weight = weight.detach()
     return weight
 
 
