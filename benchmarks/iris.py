@@ -210,6 +210,7 @@ RECIPES = {
     "v1": {"preset": "v1"},
     "v2": {"preset": "v2"},
     "v3": {"preset": "v3"},  # the default before the first-layer preconditioner (2026-12-05)
+    "v4": {"preset": "v4"},  # whitened, 180 steps in float32 (2026-12-05, until bfloat16)
     "default": {},
     "default-200": {"steps": 200},
     "default-170": {"steps": 170},

@@ -340,5 +340,5 @@ def test_iri_recipe_follows_the_modality():
     audio, image = _recipe(s, "audio"), _recipe(s, "image")
     assert (audio.steps, audio.box, audio.precision, audio.start) == (
         300, (-1.0, 1.0), "int16", "scaled_noise")  # fmt: skip
-    assert (image.steps, image.box, image.precision) == (180, (0.0, 1.0), "uint8")  # the default
+    assert (image.steps, image.box, image.precision) == (270, (0.0, 1.0), "uint8")  # the default
     assert _recipe(CompareSettings.quick(front="a", back="b", data="d"), "audio").steps == 20

@@ -46,7 +46,7 @@ threads = 1
 """
 
 ROUGH = "sign 40 steps 8/255->0.5/255"
-DEFAULT = "whitened by the first convolution (the default since 2026-12-05)"
+DEFAULT = "whitened, 270 steps, bfloat16 where fast (the default since 2026-12-05)"
 
 
 @pytest.fixture(scope="module")
@@ -95,7 +95,7 @@ def test_rows_per_pair_and_level_with_their_identities(tiny, monkeypatch):
             assert r["front_on_iris"] == r["back_on_iris"]
     for pair in ("identical", "cross-seed"):
         rough, default = (float(r["iri_median_error"]) for r in rows if r["pair"] == pair)
-        assert default < rough  # 180 Adam steps against 40 signed steps
+        assert default < rough  # 270 Adam steps against 40 signed steps
     assert figure.stat().st_size > 0
     # the figure again from the CSV alone
     again = root / "again.png"

@@ -142,9 +142,12 @@ def test_auto_resolves_to_first_layer_only_for_adam_in_pixels():
         recipe = IRIRecipe.from_kwargs(**kw)
         assert recipe.precondition == "none", kw
         assert "precondition" not in recipe.key_dict()  # keys of sets stored before it
-    # v3 is the default before the preconditioner, field for field
+    # v3 is v4 (the default with the preconditioner, before bfloat16) in pixels, field for
+    # field
     v3 = IRIRecipe.from_kwargs(preset="v3").as_dict()
-    assert {k for k, v in resolved.as_dict().items() if v3[k] != v} == {"precondition"}
+    v4 = IRIRecipe.from_kwargs(preset="v4").for_front(_front(conv), x).as_dict()
+    assert v4["precondition"] == "first_layer"
+    assert {k for k, v in v4.items() if v3[k] != v} == {"precondition"}
     with pytest.raises(ValueError, match="add precondition='none' to use optimizer='lbfgs'"):
         IRIRecipe.from_kwargs(optimizer="lbfgs", precondition="first_layer")
     with pytest.raises((TypeError, ValueError), match="precondition must be 'auto'"):

@@ -134,7 +134,7 @@ def test_earlier_presets_keep_their_keys():
         assert json.dumps(got, sort_keys=True) == json.dumps(keys, sort_keys=True), preset
     d = IRIRecipe().key_dict()
     assert (d["steps"], d["relu_grad"], d["relu_width"], d["relu_floor"], d["adam_beta2"]) == (
-        180, "smooth", 0.3, 0.05, 0.95)  # fmt: skip
+        270, "smooth", 0.3, 0.05, 0.95)  # fmt: skip
     assert d["drop_outward_momentum"] is True and "relu_slope" not in d
     for bad in ({"relu_width": 0.0}, {"relu_floor": 1.0}, {"adam_beta2": 1.0}):
         with pytest.raises(ValueError, match=next(iter(bad))):

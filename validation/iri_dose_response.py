@@ -55,13 +55,17 @@ LEVELS = {  # from rough to converged; "default" names stitchlab's default befor
     # stitchlab's default from 2026-12-04 to 2026-12-05 (preset "v3", Adam in pixels)
     "smooth 0.3 + beta2 0.95 (the default since 2026-12-04)": {"preset": "v3"},
     # the same with Adam in an opponent colour basis (an option since 2026-12-05)
-    "the default since 2026-12-04, opponent colour basis": {"colour_basis": "opponent"},
+    "the default since 2026-12-04, opponent colour basis": {"preset": "v3",
+                                                            "colour_basis": "opponent"},
     # the same loop with more steps (its schedule stretched over them): 4x and 8x the
     # paper recipe's time, what 0.05 costs at the shortcut fronts' layer2.1
     "the default since 2026-12-04, 720 steps": {"preset": "v3", "steps": 720},
     "the default since 2026-12-04, 1440 steps": {"preset": "v3", "steps": 1440},
-    # stitchlab's default since 2026-12-05: the same, Adam whitened by the first convolution
-    "whitened by the first convolution (the default since 2026-12-05)": {},
+    # the default of 2026-12-05 (preset "v4"): v3 with Adam whitened by the first convolution
+    "whitened by the first convolution, 180 float32 steps (preset v4)": {"preset": "v4"},
+    # stitchlab's default since the evening of 2026-12-05: v4 with 270 steps, in bfloat16
+    # where the hardware has bf16 matrix units (the last 30 in float32)
+    "whitened, 270 steps, bfloat16 where fast (the default since 2026-12-05)": {},
 }  # fmt: skip
 
 

@@ -78,9 +78,11 @@ class IRIRecipe:
     """How IRIs are optimised.
 
     The defaults are stitchlab's recipe, chosen by the convergence study of
-    docs/validation/iri_convergence.md: 180 Adam steps whose size decays geometrically
-    from 0.1 to 0.01 (box units), second-moment decay ``adam_beta2`` 0.95, in coordinates
-    whitened by the front's first convolution (``precondition="first_layer"``), the momentum
+    docs/validation/iri_convergence.md: 270 Adam steps whose size decays geometrically
+    from 0.1 to 0.01 (box units), in bfloat16 where the hardware has bf16 matrix units
+    (``amp="fast"``) but the last 30 (``float32_steps``), second-moment decay
+    ``adam_beta2`` 0.95, in coordinates whitened by the front's first convolution
+    (``precondition="first_layer"``), the momentum
     that pushes a pixel out of the box dropped (``drop_outward_momentum``), from uniform
     noise over the box, the gradient passed straight through a ReLU that ends the front
     and smoothly through its inner ReLUs (``relu_grad="smooth"``), and a sample stops once
@@ -91,7 +93,20 @@ class IRIRecipe:
     the pages measured before December 2026 were made, ``preset="v2"`` the default of
     December 2026 up to the 4th (``relu_grad="surrogate"``, Adam's usual beta2 0.999) and
     ``preset="v3"`` the default from then until the first-layer preconditioner
-    (2026-12-05; Adam in pixels, ``precondition="none"``).
+    (2026-12-05; Adam in pixels, ``precondition="none"``) and ``preset="v4"`` the default
+    of 2026-12-05 until bfloat16 (180 steps, float32 on a CPU).
+
+    ``amp`` is the arithmetic of the steps: ``"fast"`` (the default) runs them under
+    bfloat16 autocast where :func:`bf16_is_fast` (CUDA, a CPU with AMX tiles, where a
+    ResNet-18 front's step takes about half the float32 time) and in float32 elsewhere,
+    resolved when IRIs are made, so a stored set's key names ``"bf16"`` or ``"off"``;
+    ``"auto"`` (what every recipe did before ``"fast"``) is bfloat16 on CUDA only. The last
+    ``float32_steps`` steps of a batch run in float32 whatever ``amp`` says: bfloat16
+    gradients stall about 20% above float32 ones at experiment A's layer2.1, and 30
+    float32 steps at the end close that gap (docs/validation/iri_convergence.md,
+    "bfloat16 steps where they are fast"). The targets, the measured errors and the
+    stored IRIs are float32 always. ``"fast"`` is for Adam in pixels or whitened
+    coordinates; other optimizers and coordinates keep ``"auto"``.
 
     ``precondition="first_layer"`` runs Adam in coordinates ``z`` with ``x = S z``, ``S =
     (W^T W + lam)^(-1/2)`` for the front's first convolution ``W`` (with the scale of an
@@ -156,7 +171,8 @@ class IRIRecipe:
     ``"int16"`` (65535 steps) or ``"float32"`` (unquantised).
     """
 
-    steps: int = 180  # chosen so that a set costs about the paper recipe's 200 signed steps
+    # with bfloat16 where it is fast, a set costs about the paper recipe's 200 signed steps
+    steps: int = 270
     step_size: float = 0.1
     final_step_size: float | None = 0.01  # geometric decay to this size (None: constant)
     optimizer: Literal["sign", "adam", "l2", "lbfgs"] = "adam"
@@ -164,7 +180,9 @@ class IRIRecipe:
     tolerance: float | None = 0.01  # a sample stops once its relative error is below
     box: tuple[float, float] = (0.0, 1.0)
     batch_size: int = 128
-    amp: Literal["auto", "off", "bf16"] = "auto"  # bf16 autocast on CUDA when "auto"
+    # bf16 autocast: "fast" where the device has bf16 matrix units (CUDA, a CPU with AMX),
+    # "auto" on CUDA only, "bf16" always, "off" never; the last float32_steps in float32
+    amp: Literal["fast", "auto", "off", "bf16"] = "fast"
     relu_grad: Literal["exact", "straight_through", "surrogate", "smooth"] = "smooth"
     relu_slope: float = 0.1  # backward slope of the inner ReLUs under relu_grad="surrogate"
     relu_width: float = 0.3  # under relu_grad="smooth": sigmoid width / source's sd
@@ -179,30 +197,42 @@ class IRIRecipe:
     # Adam's coordinates whitened by the front's first convolution (see the class docstring);
     # "auto": "none" unless Adam runs in pixels, then resolved against the front
     precondition: Literal["auto", "first_layer", "none"] = "auto"
+    float32_steps: int = 30  # the last steps of a batch run in float32 when amp is on
 
     def __post_init__(self) -> None:
         plain_adam = (
             self.optimizer == "adam" and self.colour_basis == "rgb" and not self.stft_window
         )
-        if self.precondition == "auto" and not plain_adam:
-            object.__setattr__(self, "precondition", "none")
+        if not plain_adam:  # what these optimizers and coordinates did before both fields
+            if self.precondition == "auto":
+                object.__setattr__(self, "precondition", "none")
+            if self.amp == "fast":  # measured for Adam in pixels only (L-BFGS's pairs,
+                object.__setattr__(self, "amp", "auto")  # for one, need float32 gradients)
 
-    def for_front(self, front: nn.Module, example: Tensor) -> IRIRecipe:
-        """This recipe with ``precondition="auto"`` resolved for ``front`` and inputs like
-        ``example`` (a batch): ``"first_layer"`` where :func:`input_convolution` finds the
-        convolution, ``"none"`` elsewhere. A ValueError for ``"first_layer"`` asked of a
-        front it does not apply to."""
-        if self.precondition == "none":
-            return self
+    def for_front(
+        self, front: nn.Module, example: Tensor, device: torch.device | None = None
+    ) -> IRIRecipe:
+        """This recipe resolved for ``front``, inputs like ``example`` (a batch) and
+        ``device`` (default: the example's): ``amp="fast"`` becomes ``"bf16"`` where
+        :func:`bf16_is_fast` (CUDA, a CPU with AMX), ``"off"`` elsewhere;
+        ``precondition="auto"`` becomes ``"first_layer"`` where :func:`input_convolution`
+        finds the convolution, ``"none"`` elsewhere. So a stored set's key says what ran.
+        A ValueError for ``"first_layer"`` asked of a front it does not apply to."""
+        rec = self
+        if rec.amp == "fast":
+            fast = bf16_is_fast(device if device is not None else example.device)
+            rec = dataclasses.replace(rec, amp="bf16" if fast else "off")
+        if rec.precondition == "none":
+            return rec
         fits = _FirstLayer.applies(front, example)
-        if self.precondition == "first_layer" and not fits:
+        if rec.precondition == "first_layer" and not fits:
             raise ValueError(
                 "precondition='first_layer' needs a front whose input (N, C, H, W) goes "
                 "straight into one nn.Conv2d of stride 1, dilation 1 and one group; this "
                 "front's does not (a strided stem, a patch embedding or another first "
                 "layer). Use precondition='auto' or 'none'."
             )
-        return dataclasses.replace(self, precondition="first_layer" if fits else "none")
+        return dataclasses.replace(rec, precondition="first_layer" if fits else "none")
 
     @classmethod
     def paper(cls, **overrides) -> IRIRecipe:
@@ -276,8 +306,10 @@ class IRIRecipe:
             raise ValueError(f"box must be (low, high) with high > low, got {self.box}")
         if self.batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
-        if self.amp not in ("auto", "off", "bf16"):
-            raise ValueError(f"amp must be 'auto', 'off' or 'bf16', got {self.amp!r}")
+        if self.amp not in ("fast", "auto", "off", "bf16"):
+            raise ValueError(f"amp must be 'fast', 'auto', 'off' or 'bf16', got {self.amp!r}")
+        if not 0 <= self.float32_steps:
+            raise ValueError(f"float32_steps must be >= 0, got {self.float32_steps}")
         if self.relu_grad not in ("exact", "straight_through", "surrogate", "smooth"):
             raise ValueError(
                 "relu_grad must be 'exact', 'straight_through', 'surrogate' or 'smooth', got "
@@ -343,8 +375,9 @@ class IRIRecipe:
         and ``relu_floor`` unless ``relu_grad`` is ``"smooth"``, ``adam_beta2`` when it is 0.999,
         ``drop_outward_momentum`` when it is False (what Adam did before these fields) and
         ``colour_basis`` when it is ``"rgb"``, ``stft_window`` when it is 0 and
-        ``precondition`` when it is ``"none"``. A set stored before these fields existed
-        keeps its key."""
+        ``precondition`` when it is ``"none"`` and ``float32_steps`` when it is 0 (or
+        ``amp`` is ``"off"``, where it changes nothing). A set stored before these fields
+        existed keeps its key."""
         d = self.as_dict()
         if d["relu_grad"] != "smooth":
             del d["relu_width"], d["relu_floor"]
@@ -366,6 +399,8 @@ class IRIRecipe:
             del d["stft_window"]
         if d["precondition"] == "none":
             del d["precondition"]
+        if not d["float32_steps"] or d["amp"] == "off":  # it changes nothing then
+            del d["float32_steps"]
         return d
 
 
@@ -376,24 +411,29 @@ PRECISIONS = ("uint8", "int16", "float32")
 #: Named starting points for IRI recipes (see :class:`IRIRecipe`).
 # Adam before 2026-12-04 (in the inputs' own coordinates, as every default until 2026-12-05)
 _ADAM_V1 = {"adam_beta2": 0.999, "drop_outward_momentum": False, "precondition": "none"}
+# mixed precision before 2026-12-05's last change: bf16 on CUDA only, to the last step
+_AMP_V1 = {"amp": "auto", "float32_steps": 0}
 
 PRESETS: dict[str, dict] = {
     "default": {},
     "paper": {
         "steps": 200, "step_size": 1 / 255, "final_step_size": None, "optimizer": "sign",
-        "start": "noise", "tolerance": None, "relu_grad": "exact", **_ADAM_V1,
+        "start": "noise", "tolerance": None, "relu_grad": "exact", **_ADAM_V1, **_AMP_V1,
     },
     # the default from 2026-12-04 until the first-layer preconditioner (2026-12-05): Adam in
     # pixels; the pages of that time were made with it
-    "v3": {"precondition": "none"},
+    "v3": {"steps": 180, "precondition": "none", **_AMP_V1},
+    # the default of 2026-12-05 until bfloat16 where it is fast (the same evening): whitened
+    # by the first convolution, 180 steps in float32 on a CPU
+    "v4": {"steps": 180, **_AMP_V1},
     # stitchlab's default before December 2026 (docs/validation/iri_convergence.md): kept so
     # that the sets and pages made with it are reproduced exactly
     "v1": {"steps": 200, "step_size": 0.05, "final_step_size": 0.002,
-           "relu_grad": "straight_through", **_ADAM_V1},
+           "relu_grad": "straight_through", **_ADAM_V1, **_AMP_V1},
     # the default from early December 2026 to 2026-12-04 (surrogate inner ReLUs, Adam's
     # usual moments), with which the pages of that time were made
     "v2": {"steps": 200, "step_size": 0.1, "final_step_size": 0.01, "relu_grad": "surrogate",
-           "relu_slope": 0.1, **_ADAM_V1},
+           "relu_slope": 0.1, **_ADAM_V1, **_AMP_V1},
     # waveforms in [-1, 1]: a quiet Gaussian start (uniform noise over the box never
     # converges), 300 Adam steps of 0.003 decaying to 0.0001 (the image steps leave a log-mel
     # front 0.5-0.7 off), int16 storage (uint8 levels are 1/127 of full scale); since
@@ -403,14 +443,14 @@ PRESETS: dict[str, dict] = {
     "audio": {
         "steps": 300, "step_size": 0.003, "final_step_size": 0.0001, "start": "scaled_noise",
         "start_scale": 0.003, "box": (-1.0, 1.0), "precision": "int16", "stft_window": 256,
-        "precondition": "none",
+        "precondition": "none", **_AMP_V1,
     },
     # the audio preset up to 2026-12-05 (straight-through final ReLU, Adam's usual moments,
     # in samples), with which the earlier speech pages were made
     "audio-v1": {
         "steps": 300, "step_size": 0.003, "final_step_size": 0.0001, "start": "scaled_noise",
         "start_scale": 0.003, "box": (-1.0, 1.0), "precision": "int16",
-        "relu_grad": "straight_through", **_ADAM_V1,
+        "relu_grad": "straight_through", **_ADAM_V1, **_AMP_V1,
     },
 }  # fmt: skip
 
@@ -871,9 +911,30 @@ def _start(x: Tensor, recipe: IRIRecipe, gen: torch.Generator) -> Tensor:
     return out
 
 
-def _autocast(device: torch.device, recipe: IRIRecipe):
-    use = recipe.amp == "bf16" or (recipe.amp == "auto" and device.type == "cuda")
-    if use:
+def bf16_is_fast(device: torch.device) -> bool:
+    """Whether ``device`` runs bfloat16 matrix products natively: CUDA, or a CPU with
+    AMX tiles (Intel Sapphire Rapids and later), where oneDNN's bf16 convolutions take
+    about half the time of float32 ones (docs/validation/iri_convergence.md)."""
+    if device.type == "cuda":
+        return True
+    if device.type != "cpu":
+        return False
+    probe = getattr(torch.cpu, "_is_amx_tile_supported", None)
+    return bool(probe()) if probe is not None else False
+
+
+def uses_bf16(recipe: IRIRecipe, device: torch.device) -> bool:
+    """Whether ``recipe``'s steps (but its last ``float32_steps``) run under bfloat16
+    autocast on ``device``."""
+    if recipe.amp == "fast":
+        return bf16_is_fast(device)
+    return recipe.amp == "bf16" or (recipe.amp == "auto" and device.type == "cuda")
+
+
+def _autocast(device: torch.device, recipe: IRIRecipe, t: int = 0):
+    """The autocast context of step ``t``: bfloat16 where :func:`uses_bf16` says so and
+    ``t`` is not one of the last ``recipe.float32_steps``, float32 otherwise."""
+    if uses_bf16(recipe, device) and t < recipe.steps - recipe.float32_steps:
         return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
     return torch.autocast(device_type=device.type, enabled=False)
 
@@ -1195,7 +1256,7 @@ def _descend(front, x, target, target_norm, recipe: IRIRecipe, gen, memory_forma
         ta = target if idx is None else target[idx]
         tn = target_norm if idx is None else target_norm[idx]
         smooth.step(idx)
-        with _autocast(device, recipe):
+        with _autocast(device, recipe, t):
             f = front(xa)
         err, g = _error_and_grad(f, ta, tn)
         (grad,) = torch.autograd.grad(f, xa, grad_outputs=g)
@@ -1379,7 +1440,7 @@ def _lbfgs(
     for t in range(recipe.steps):
         xi = image(x_try).detach().requires_grad_(True)
         smooth.step(rows)
-        with _autocast(x.device, recipe):
+        with _autocast(x.device, recipe, t):
             f = front(xi)
         err, g_out = _error_and_grad(f, target[rows], target_norm[rows])
         loss = err.square()  # the gradient of loss / 2 is that of err, times err
@@ -1734,7 +1795,7 @@ def generate_iris_set(
     dev = torch.device(device) if device is not None else _module_device(model)
     front = _recipe_front(model, point, leaf_modules, output, rec)
     if len(dataset):  # "auto" resolved against the front, so the key names what runs
-        rec = rec.for_front(front, dataset[0][0].unsqueeze(0))
+        rec = rec.for_front(front, dataset[0][0].unsqueeze(0), dev)
     key_parts = {
         "format": FORMAT_VERSION,
         "front": model_fingerprint(front),

@@ -127,7 +127,15 @@ def describe_iri_recipe(recipe: dict) -> str:
     if recipe["optimizer"] == "lbfgs":  # per-sample L-BFGS: the sizes cap each step's RMS
         steps = (f"{recipe['steps']} per-sample L-BFGS steps (history {recipe['history']}, "
                  f"RMS step at most {size})")  # fmt: skip
+    last = recipe.get("float32_steps", 0)
+    tail = f", the last {last} in float32" if last else ""
+    arithmetic = {  # amp: "auto" (CUDA only) is what every recipe did before "fast"
+        "fast": f"bfloat16 where the hardware has bf16 matrix units (CUDA, AMX){tail}",
+        "bf16": f"bfloat16{tail}",
+        "off": "float32",
+    }.get(recipe.get("amp", "auto"))
     return (
         f"{steps} from {start}, {grad}, {stop}, "
         f"box ({lo:g}, {hi:g}), stored as {recipe['precision']}"
+        + (f", in {arithmetic}" if arithmetic else "")
     )

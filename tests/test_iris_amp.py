@@ -1,0 +1,113 @@
+"""Mixed precision of IRI steps: amp="fast" resolves per device (bfloat16 where the
+hardware has bf16 matrix units), the last ``float32_steps`` steps of a batch run in
+float32, and a stored set's key names the arithmetic that ran."""
+
+import pytest
+import torch
+from torch import nn
+
+import stitchlab.iris as iris
+from stitchlab import generate_iris, generate_iris_set
+from stitchlab.iris import IRIRecipe, _autocast, uses_bf16
+
+CPU = torch.device("cpu")
+
+
+def _model() -> nn.Sequential:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 8, 3)).eval()
+
+
+SEEN: list[torch.dtype] = []  # module-level: the front is a copy of the model
+
+
+def _record(module: nn.Module, args: tuple, out: torch.Tensor) -> None:
+    SEEN.append(out.dtype)
+
+
+def test_the_last_float32_steps_run_in_float32():
+    rec = IRIRecipe(amp="bf16", steps=10, float32_steps=3)
+    dtypes = []
+    for t in range(rec.steps):
+        with _autocast(CPU, rec, t):
+            dtypes.append(nn.functional.linear(torch.ones(1, 2), torch.ones(2, 2)).dtype)
+    assert dtypes == [torch.bfloat16] * 7 + [torch.float32] * 3
+
+
+def test_steps_of_a_generated_set_follow_the_schedule():
+    # the front's forward in each of 12 steps: 12 - 4 in bfloat16, then 4 in float32
+    SEEN.clear()
+    model = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU(), nn.Conv2d(4, 2, 1))
+    model[0].register_forward_hook(_record)  # the first layer's output dtype, every forward
+    x = torch.rand(3, 3, 8, 8)
+    generate_iris(model.eval(), "1", x, amp="bf16", steps=12, float32_steps=4, tolerance=None)
+    # before the steps: float32 trials (BatchNorm, layout) and the targets; after them the
+    # measurement of the IRIs and of the null, in float32
+    seen = "".join("b" if d == torch.bfloat16 else "f" for d in SEEN)
+    first = seen.index("b")
+    assert first >= 1 and seen[first:] == "b" * 8 + "f" * (len(seen) - first - 8)
+    assert len(seen) - first - 8 >= 4 + 1
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_fast_resolves_against_the_device(monkeypatch, fast):
+    monkeypatch.setattr(iris, "bf16_is_fast", lambda device: fast)
+    rec = IRIRecipe().for_front(iris._recipe_front(_model(), "1", (), None, IRIRecipe()),
+                                torch.rand(2, 3, 8, 8))  # fmt: skip
+    assert rec.amp == ("bf16" if fast else "off")
+    assert uses_bf16(rec, CPU) is fast
+    assert ("float32_steps" in rec.key_dict()) is fast  # under "off" it changes nothing
+
+
+def test_cuda_is_fast_and_a_cpu_without_amx_is_not(monkeypatch):
+    assert iris.bf16_is_fast(torch.device("cuda"))
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
+    assert not iris.bf16_is_fast(CPU)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: True)
+    assert iris.bf16_is_fast(CPU)
+    # "auto" (every recipe before "fast") is bfloat16 on CUDA only, whatever the CPU
+    assert not uses_bf16(IRIRecipe(amp="auto"), CPU)
+    assert uses_bf16(IRIRecipe(amp="auto"), torch.device("cuda"))
+
+
+@pytest.mark.filterwarnings("ignore:IRIs")  # 3 steps: flagged, which is not the point here
+def test_a_stored_set_is_keyed_by_the_arithmetic_that_ran(tmp_path, monkeypatch):
+    model, x = _model(), (torch.rand(4, 3, 8, 8), torch.zeros(4, dtype=torch.long))
+    kw = dict(steps=3, batch_size=4, chunk_size=4)
+    monkeypatch.setattr(iris, "bf16_is_fast", lambda device: False)
+    fast_here = generate_iris_set(model, "1", x, tmp_path, **kw)
+    off = generate_iris_set(model, "1", x, tmp_path, amp="off", **kw)
+    assert fast_here.root == off.root  # the same set: float32 ran
+    assert off.meta["recipe"]["amp"] == "off"
+    monkeypatch.setattr(iris, "bf16_is_fast", lambda device: True)
+    fast_amx = generate_iris_set(model, "1", x, tmp_path, **kw)
+    bf16 = generate_iris_set(model, "1", x, tmp_path, amp="bf16", **kw)
+    assert fast_amx.root == bf16.root != off.root
+    assert bf16.meta["recipe"]["float32_steps"] == 30
+
+
+def test_old_presets_keep_their_arithmetic_and_keys():
+    for name in ("paper", "v1", "v2", "v3", "v4", "audio", "audio-v1"):
+        rec = IRIRecipe.from_kwargs(preset=name)
+        assert rec.amp == "auto" and rec.float32_steps == 0, name
+        assert "float32_steps" not in rec.key_dict()
+        assert rec.key_dict()["amp"] == "auto"
+    v4 = IRIRecipe.from_kwargs(preset="v4")
+    assert (v4.steps, v4.precondition) == (180, "auto")
+
+
+def test_describe_names_the_arithmetic():
+    assert IRIRecipe().describe().endswith(
+        "in bfloat16 where the hardware has bf16 matrix units (CUDA, AMX), the last 30 "
+        "in float32"
+    )
+    assert IRIRecipe(amp="off").describe().endswith("stored as uint8, in float32")
+    assert IRIRecipe(amp="bf16", float32_steps=0).describe().endswith(", in bfloat16")
+    assert IRIRecipe.from_kwargs(preset="v3").describe().endswith("stored as uint8")
+
+
+def test_bad_float32_steps_is_refused():
+    with pytest.raises(ValueError, match="float32_steps must be >= 0"):
+        IRIRecipe.from_kwargs(float32_steps=-1)
+    with pytest.raises(TypeError, match="amp must be"):
+        IRIRecipe.from_kwargs(amp="fp16")
