@@ -2,11 +2,12 @@
 
 ResNet-18 at full width on CIFAR-10 (two seeds: front and back), a short training run per
 model family (VGG-16-BN, ViT-Tiny/4), IRIs for one point on 10,000 images with the paper's
-recipe (200 signed steps of 1/255) and with stitchlab's default (180 Adam steps with the
-smooth ReLU gradient), and stitching at that point with all four objectives under both
-protocols. Records throughput and scores in docs/validation/gpu.md (and a JSON file beside
-it), rewritten after every row, so a run stopped at its time limit keeps what it finished;
-past --deadline-s the remaining optional rows are skipped and the page says so.
+recipe (200 signed steps of 1/255) and with stitchlab's default (270 Adam steps whitened
+by the first convolution, bfloat16 but the last 30, the smooth ReLU gradient), and
+stitching at that point with all four objectives under both protocols. Records throughput
+and scores in docs/validation/gpu.md (and a JSON file beside it), rewritten after every
+row, so a run stopped at its time limit keeps what it finished; past --deadline-s the
+remaining optional rows are skipped and the page says so.
 
     python validation/gpu_check.py --data-root DATA                 # on a CUDA machine
     python validation/gpu_check.py --data-root DATA --smoke --device cpu   # tiny, any machine
@@ -61,7 +62,7 @@ def main() -> int:
     n_test = 256 if smoke else 10000
     n_iris = 128 if smoke else 10000
     n_layout = 64 if smoke else 2000  # images for the layout rows (throughput only)
-    iri_steps = 3 if smoke else None  # None: each preset's own (paper 200, default 180)
+    iri_steps = 3 if smoke else None  # None: each preset's own (paper 200, default 270)
     width = 8 if smoke else 64
     epochs = 1 if smoke else 4
     train = data.subset(data.cifar10(args.data_root, True), n_train, seed=0)
