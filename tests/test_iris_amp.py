@@ -34,19 +34,38 @@ def test_the_last_float32_steps_run_in_float32():
     assert dtypes == [torch.bfloat16] * 7 + [torch.float32] * 3
 
 
-def test_steps_of_a_generated_set_follow_the_schedule():
-    # the front's forward in each of 12 steps: 12 - 4 in bfloat16, then 4 in float32
+def _bf16_steps(**recipe) -> int:
+    """How many of a generated set's forwards ran in bfloat16, checking that they are
+    consecutive and followed by float32 ones only."""
     SEEN.clear()
+    torch.manual_seed(0)
     model = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU(), nn.Conv2d(4, 2, 1))
     model[0].register_forward_hook(_record)  # the first layer's output dtype, every forward
-    x = torch.rand(3, 3, 8, 8)
-    generate_iris(model.eval(), "1", x, amp="bf16", steps=12, float32_steps=4, tolerance=None)
+    generate_iris(model.eval(), "1", torch.rand(3, 3, 8, 8), amp="bf16", tolerance=None,
+                  **recipe)  # fmt: skip
     # before the steps: float32 trials (BatchNorm, layout) and the targets; after them the
-    # measurement of the IRIs and of the null, in float32
+    # float32 steps and the measurement of the IRIs and of the null
     seen = "".join("b" if d == torch.bfloat16 else "f" for d in SEEN)
-    first = seen.index("b")
-    assert first >= 1 and seen[first:] == "b" * 8 + "f" * (len(seen) - first - 8)
-    assert len(seen) - first - 8 >= 4 + 1
+    first = seen.index("b") if "b" in seen else len(seen)
+    count = seen.count("b")
+    assert first >= 1 and seen[first:] == "b" * count + "f" * (len(seen) - first - count)
+    assert len(seen) - first - count >= recipe["steps"] - count + 1
+    return count
+
+
+def test_steps_of_a_generated_set_follow_the_schedule():
+    # of 12 steps, 12 - 4 in bfloat16, then 4 in float32
+    assert _bf16_steps(steps=12, float32_steps=4, float32_below=None) == 8
+    assert _bf16_steps(steps=12, float32_steps=0, float32_below=None) == 12
+
+
+def test_a_batch_close_to_its_targets_goes_on_in_float32():
+    # float32 from the step after the batch's median error is first below float32_below:
+    # never for a bound it cannot reach in 40 steps, after a few steps for a loose one
+    assert _bf16_steps(steps=40, float32_steps=0, float32_below=1e-6) == 40
+    loose = _bf16_steps(steps=40, float32_steps=0, float32_below=0.5)
+    tight = _bf16_steps(steps=40, float32_steps=0, float32_below=0.1)
+    assert 1 <= loose < tight < 40  # 5 and 20 here
 
 
 @pytest.mark.parametrize("fast", [True, False])
@@ -90,7 +109,9 @@ def test_old_presets_keep_their_arithmetic_and_keys():
     for name in ("paper", "v1", "v2", "v3", "v4", "audio", "audio-v1"):
         rec = IRIRecipe.from_kwargs(preset=name)
         assert rec.amp == "auto" and rec.float32_steps == 0, name
+        assert rec.float32_below is None, name
         assert "float32_steps" not in rec.key_dict()
+        assert "float32_below" not in rec.key_dict()
         assert rec.key_dict()["amp"] == "auto"
     v4 = IRIRecipe.from_kwargs(preset="v4")
     assert (v4.steps, v4.precondition) == (180, "auto")
@@ -99,15 +120,22 @@ def test_old_presets_keep_their_arithmetic_and_keys():
 def test_describe_names_the_arithmetic():
     assert IRIRecipe().describe().endswith(
         "in bfloat16 where the hardware has bf16 matrix units (CUDA, AMX), the last 30 "
-        "in float32"
+        "in float32 and all once the batch's median is below 0.02"
     )
     assert IRIRecipe(amp="off").describe().endswith("stored as uint8, in float32")
-    assert IRIRecipe(amp="bf16", float32_steps=0).describe().endswith(", in bfloat16")
+    assert IRIRecipe(amp="bf16", float32_steps=0, float32_below=None).describe().endswith(
+        ", in bfloat16"
+    )
+    assert IRIRecipe(amp="bf16", float32_steps=0).describe().endswith(
+        ", in bfloat16, all once the batch's median is below 0.02"
+    )
     assert IRIRecipe.from_kwargs(preset="v3").describe().endswith("stored as uint8")
 
 
 def test_bad_float32_steps_is_refused():
     with pytest.raises(ValueError, match="float32_steps must be >= 0"):
         IRIRecipe.from_kwargs(float32_steps=-1)
+    with pytest.raises(ValueError, match="float32_below must be positive"):
+        IRIRecipe.from_kwargs(float32_below=0.0)
     with pytest.raises(TypeError, match="amp must be"):
         IRIRecipe.from_kwargs(amp="fp16")

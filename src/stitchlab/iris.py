@@ -104,7 +104,11 @@ class IRIRecipe:
     ``float32_steps`` steps of a batch run in float32 whatever ``amp`` says: bfloat16
     gradients stall about 20% above float32 ones at experiment A's layer2.1, and 30
     float32 steps at the end close that gap (docs/validation/iri_convergence.md,
-    "bfloat16 steps where they are fast"). The targets, the measured errors and the
+    "bfloat16 steps where they are fast"). ``float32_below`` (0.02) ends the bfloat16
+    steps of a batch earlier, once its median error is below it: a bfloat16 forward
+    cannot measure errors much below about 0.01 (its rounding), so without it samples
+    reach the tolerance only in the float32 tail (the relu point took twice the paper
+    recipe's time). The targets, the measured errors and the
     stored IRIs are float32 always. ``"fast"`` is for Adam in pixels or whitened
     coordinates; other optimizers and coordinates keep ``"auto"``.
 
@@ -198,6 +202,7 @@ class IRIRecipe:
     # "auto": "none" unless Adam runs in pixels, then resolved against the front
     precondition: Literal["auto", "first_layer", "none"] = "auto"
     float32_steps: int = 30  # the last steps of a batch run in float32 when amp is on
+    float32_below: float | None = 0.02  # and all the rest once the batch's median is below
 
     def __post_init__(self) -> None:
         plain_adam = (
@@ -310,6 +315,8 @@ class IRIRecipe:
             raise ValueError(f"amp must be 'fast', 'auto', 'off' or 'bf16', got {self.amp!r}")
         if not 0 <= self.float32_steps:
             raise ValueError(f"float32_steps must be >= 0, got {self.float32_steps}")
+        if self.float32_below is not None and not self.float32_below > 0:
+            raise ValueError(f"float32_below must be positive or None, got {self.float32_below}")
         if self.relu_grad not in ("exact", "straight_through", "surrogate", "smooth"):
             raise ValueError(
                 "relu_grad must be 'exact', 'straight_through', 'surrogate' or 'smooth', got "
@@ -375,8 +382,9 @@ class IRIRecipe:
         and ``relu_floor`` unless ``relu_grad`` is ``"smooth"``, ``adam_beta2`` when it is 0.999,
         ``drop_outward_momentum`` when it is False (what Adam did before these fields) and
         ``colour_basis`` when it is ``"rgb"``, ``stft_window`` when it is 0 and
-        ``precondition`` when it is ``"none"`` and ``float32_steps`` when it is 0 (or
-        ``amp`` is ``"off"``, where it changes nothing). A set stored before these fields
+        ``precondition`` when it is ``"none"``, ``float32_steps`` when it is 0 and
+        ``float32_below`` when it is None (either when ``amp`` is ``"off"``, where they
+        change nothing). A set stored before these fields
         existed keeps its key."""
         d = self.as_dict()
         if d["relu_grad"] != "smooth":
@@ -401,6 +409,8 @@ class IRIRecipe:
             del d["precondition"]
         if not d["float32_steps"] or d["amp"] == "off":  # it changes nothing then
             del d["float32_steps"]
+        if d["float32_below"] is None or d["amp"] == "off":
+            del d["float32_below"]
         return d
 
 
@@ -412,7 +422,7 @@ PRECISIONS = ("uint8", "int16", "float32")
 # Adam before 2026-12-04 (in the inputs' own coordinates, as every default until 2026-12-05)
 _ADAM_V1 = {"adam_beta2": 0.999, "drop_outward_momentum": False, "precondition": "none"}
 # mixed precision before 2026-12-05's last change: bf16 on CUDA only, to the last step
-_AMP_V1 = {"amp": "auto", "float32_steps": 0}
+_AMP_V1 = {"amp": "auto", "float32_steps": 0, "float32_below": None}
 
 PRESETS: dict[str, dict] = {
     "default": {},
@@ -1248,6 +1258,9 @@ def _descend(front, x, target, target_norm, recipe: IRIRecipe, gen, memory_forma
     numel = x[0].numel()
     early = recipe.tolerance is not None
     all_active = True
+    # steps before this one run in bfloat16 (where the recipe uses it): all but the float32
+    # tail, fewer once the batch's median error is below recipe.float32_below
+    bf16_until = recipe.steps - recipe.float32_steps if uses_bf16(recipe, device) else 0
     for t in range(recipe.steps):
         # gather and scatter only once some samples have stopped
         idx = active.nonzero().squeeze(1) if early and not all_active else None
@@ -1256,10 +1269,13 @@ def _descend(front, x, target, target_norm, recipe: IRIRecipe, gen, memory_forma
         ta = target if idx is None else target[idx]
         tn = target_norm if idx is None else target_norm[idx]
         smooth.step(idx)
-        with _autocast(device, recipe, t):
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=t < bf16_until):
             f = front(xa)
         err, g = _error_and_grad(f, ta, tn)
         (grad,) = torch.autograd.grad(f, xa, grad_outputs=g)
+        below = recipe.float32_below
+        if t < bf16_until and below is not None and float(err.median()) < below:
+            bf16_until = t + 1  # near bfloat16's floor: the rest in float32
         alpha = recipe.step_at(t)
         with torch.no_grad():
             new = xa.detach()

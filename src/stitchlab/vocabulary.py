@@ -127,8 +127,10 @@ def describe_iri_recipe(recipe: dict) -> str:
     if recipe["optimizer"] == "lbfgs":  # per-sample L-BFGS: the sizes cap each step's RMS
         steps = (f"{recipe['steps']} per-sample L-BFGS steps (history {recipe['history']}, "
                  f"RMS step at most {size})")  # fmt: skip
-    last = recipe.get("float32_steps", 0)
+    last, below = recipe.get("float32_steps", 0), recipe.get("float32_below")
     tail = f", the last {last} in float32" if last else ""
+    if below is not None:
+        tail += f"{' and' if last else ','} all once the batch's median is below {below:g}"
     arithmetic = {  # amp: "auto" (CUDA only) is what every recipe did before "fast"
         "fast": f"bfloat16 where the hardware has bf16 matrix units (CUDA, AMX){tail}",
         "bf16": f"bfloat16{tail}",
