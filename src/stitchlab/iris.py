@@ -108,9 +108,9 @@ class IRIRecipe:
     steps of a batch earlier, once its median error is below it: a bfloat16 forward
     cannot measure errors much below about 0.01 (its rounding), so without it samples
     reach the tolerance only in the float32 tail (the relu point took twice the paper
-    recipe's time). The targets, the measured errors and the
-    stored IRIs are float32 always. ``"fast"`` is for Adam in pixels or whitened
-    coordinates; other optimizers and coordinates keep ``"auto"``.
+    recipe's time). The targets, the measured errors and the stored IRIs are float32
+    always. ``"fast"`` is for Adam in pixels or whitened coordinates; other optimizers and
+    coordinates keep ``"auto"`` (L-BFGS runs neither ``float32_below`` nor ``"fast"``).
 
     ``precondition="first_layer"`` runs Adam in coordinates ``z`` with ``x = S z``, ``S =
     (W^T W + lam)^(-1/2)`` for the front's first convolution ``W`` (with the scale of an
@@ -384,8 +384,7 @@ class IRIRecipe:
         ``colour_basis`` when it is ``"rgb"``, ``stft_window`` when it is 0 and
         ``precondition`` when it is ``"none"``, ``float32_steps`` when it is 0 and
         ``float32_below`` when it is None (either when ``amp`` is ``"off"``, where they
-        change nothing). A set stored before these fields
-        existed keeps its key."""
+        change nothing). A set stored before these fields existed keeps its key."""
         d = self.as_dict()
         if d["relu_grad"] != "smooth":
             del d["relu_width"], d["relu_floor"]
