@@ -8,10 +8,10 @@ stitchlab: only the front prefix runs, the target f(x) is computed once per batc
 
 Limit: the prefix's own forward + backward (to the input) for the same batch and steps.
 
-Time to quality: stitchlab's default recipe (Adam 0.1 -> 0.01 whitened by the first
-convolution, smooth inner-ReLU gradient, tolerance) and its earlier defaults (presets "v1"
-and "v3") against the paper's recipe on a trained small CNN: seconds and median error,
-same run.
+Time to quality: stitchlab's default recipe (270 Adam steps 0.1 -> 0.01 whitened by the
+first convolution, bfloat16 where fast with a float32 tail, smooth inner-ReLU gradient,
+tolerance) and its earlier defaults (presets "v1", "v3" and "v4") against the paper's
+recipe on a trained small CNN: seconds and median error, same run.
 
     python benchmarks/iris.py [--width 16] [--batch 128] [--steps 20] [--tables quality]
     python benchmarks/iris.py --tables memory   # channels-last against contiguous
@@ -313,7 +313,7 @@ def _quality_rows(model, src, points, presets, repeats: int) -> list[dict]:
 
 
 def time_to_quality(n: int = 128, seed: int = 0, repeats: int = 3) -> list[dict]:
-    """stitchlab's default recipe and its earlier defaults (presets "v1", "v3") against the
+    """stitchlab's default recipe and its earlier defaults (presets "v1", "v3", "v4") against the
     paper's (200 signed steps of 1/255) on a trained small CNN (generated shapes, 3 epochs):
     seconds and median relative error per point, and the time ratio. The recipes are
     run interleaved ``repeats`` times and each keeps its fastest run, so a burst of load on
@@ -326,7 +326,7 @@ def time_to_quality(n: int = 128, seed: int = 0, repeats: int = 3) -> list[dict]
     train_classifier(model, (x, y), epochs=3, seed=seed)
     model.eval()
     return _quality_rows(model, x[:n], sl.stitch_points(model),
-                         ("paper", "v1", "v3", "default"), repeats)  # fmt: skip
+                         ("paper", "v1", "v3", "v4", "default"), repeats)  # fmt: skip
 
 
 def time_to_quality_stored(
