@@ -8,7 +8,7 @@ from torch import nn
 
 import stitchlab.iris as iris
 from stitchlab import generate_iris, generate_iris_set
-from stitchlab.iris import IRIRecipe, _autocast, uses_bf16
+from stitchlab.iris import IRIRecipe, uses_bf16
 
 CPU = torch.device("cpu")
 
@@ -29,7 +29,7 @@ def test_the_last_float32_steps_run_in_float32():
     rec = IRIRecipe(amp="bf16", steps=10, float32_steps=3)
     dtypes = []
     for t in range(rec.steps):
-        with _autocast(CPU, rec, t):
+        with iris._precision(CPU, t < iris._bf16_steps(rec, CPU)):
             dtypes.append(nn.functional.linear(torch.ones(1, 2), torch.ones(2, 2)).dtype)
     assert dtypes == [torch.bfloat16] * 7 + [torch.float32] * 3
 

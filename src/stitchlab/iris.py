@@ -940,12 +940,16 @@ def uses_bf16(recipe: IRIRecipe, device: torch.device) -> bool:
     return recipe.amp == "bf16" or (recipe.amp == "auto" and device.type == "cuda")
 
 
-def _autocast(device: torch.device, recipe: IRIRecipe, t: int = 0):
-    """The autocast context of step ``t``: bfloat16 where :func:`uses_bf16` says so and
-    ``t`` is not one of the last ``recipe.float32_steps``, float32 otherwise."""
-    if uses_bf16(recipe, device) and t < recipe.steps - recipe.float32_steps:
-        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
-    return torch.autocast(device_type=device.type, enabled=False)
+def _bf16_steps(recipe: IRIRecipe, device: torch.device) -> int:
+    """How many of a batch's first steps run under bfloat16 autocast on ``device``: all but
+    the last ``recipe.float32_steps`` where :func:`uses_bf16`, none elsewhere (a step ``t``
+    runs in bfloat16 when ``t`` is below this)."""
+    return max(recipe.steps - recipe.float32_steps, 0) if uses_bf16(recipe, device) else 0
+
+
+def _precision(device: torch.device, bf16: bool) -> torch.autocast:
+    """The autocast context of one step: bfloat16 if ``bf16``, float32 otherwise."""
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16)
 
 
 def _error_and_grad(f: Tensor, target: Tensor, target_norm: Tensor) -> tuple[Tensor, Tensor]:
@@ -1259,7 +1263,7 @@ def _descend(front, x, target, target_norm, recipe: IRIRecipe, gen, memory_forma
     all_active = True
     # steps before this one run in bfloat16 (where the recipe uses it): all but the float32
     # tail, fewer once the batch's median error is below recipe.float32_below
-    bf16_until = recipe.steps - recipe.float32_steps if uses_bf16(recipe, device) else 0
+    bf16_until = _bf16_steps(recipe, device)
     for t in range(recipe.steps):
         # gather and scatter only once some samples have stopped
         idx = active.nonzero().squeeze(1) if early and not all_active else None
@@ -1268,7 +1272,7 @@ def _descend(front, x, target, target_norm, recipe: IRIRecipe, gen, memory_forma
         ta = target if idx is None else target[idx]
         tn = target_norm if idx is None else target_norm[idx]
         smooth.step(idx)
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=t < bf16_until):
+        with _precision(device, t < bf16_until):
             f = front(xa)
         err, g = _error_and_grad(f, ta, tn)
         (grad,) = torch.autograd.grad(f, xa, grad_outputs=g)
@@ -1452,10 +1456,11 @@ def _lbfgs(
     direction, alpha = x_try.new_zeros(n, d), x_try.new_ones(n)
     gamma, rejects = x_try.new_zeros(n), torch.zeros(n, dtype=torch.long, device=x.device)
     tol2 = None if recipe.tolerance is None else recipe.tolerance**2
+    bf16_until = _bf16_steps(recipe, x.device)
     for t in range(recipe.steps):
         xi = image(x_try).detach().requires_grad_(True)
         smooth.step(rows)
-        with _autocast(x.device, recipe, t):
+        with _precision(x.device, t < bf16_until):
             f = front(xi)
         err, g_out = _error_and_grad(f, target[rows], target_norm[rows])
         loss = err.square()  # the gradient of loss / 2 is that of err, times err
