@@ -212,6 +212,8 @@ RECIPES = {
     "v3": {"preset": "v3"},  # the default before the first-layer preconditioner (2026-12-05)
     "v4": {"preset": "v4"},  # whitened, 180 steps in float32 (2026-12-05, until bfloat16)
     "default": {},
+    # what the default runs on a machine where bfloat16 is not fast (a CPU without AMX)
+    "default-float32": {"amp": "off"},
     "default-200": {"steps": 200},
     "default-170": {"steps": 170},
     "default-270": {"steps": 270},
