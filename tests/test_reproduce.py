@@ -84,3 +84,17 @@ def test_family_gap_at_every_point():
     assert first["gap of the means"] == pytest.approx(85.0 - 42.0)
     assert first["smallest gap"] == pytest.approx(80.0 - 44.0)
     assert reproduce.family_gap(t, protocol="standard") is None
+
+
+def test_family_gap_per_back_for_prefixed_families():
+    t = _families()
+    other = t.copy()
+    other["pair"] = "back4-" + other["pair"]
+    other.loc[other["pair"].str.contains("cross-seed"), "agreement"] += 10  # a better back
+    gaps = reproduce.family_gap(pd.concat([t, other]))
+    last = gaps[gaps["point"] == "p3"].set_index("back")
+    assert list(last.index) == ["back", "back4"]
+    assert last.loc["back", "gap of the means"] == pytest.approx(35.0 - 12.0)
+    assert last.loc["back4", "gap of the means"] == pytest.approx(45.0 - 12.0)
+    assert last.loc["back4", "smallest gap"] == pytest.approx(40.0 - 14.0)
+    assert "back" not in reproduce.family_gap(t).columns  # one back: no column

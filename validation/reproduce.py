@@ -134,20 +134,30 @@ def family_gap(
 ) -> pd.DataFrame | None:
     """Per objective and point: the mean of family ``high`` minus the mean of family
     ``low`` (of :func:`front_families`), and the smallest and largest gap over every
-    pairing of one ``high`` front with one ``low`` front."""
+    pairing of one ``high`` front with one ``low`` front. Families with a common prefix
+    (``back4-cross-seed`` against ``back4-cross-bias``: the same fronts into another back)
+    get rows of their own, named in a ``back`` column (the prefix without its dash, or
+    ``back`` for the unprefixed pair) where there is more than one prefix."""
     per = _per_front(t, "agreement")
     per = per[per["protocol"] == protocol]
+    families = set(per["family"])
+    prefixes = sorted((f[: -len(high)] for f in families
+                       if f.endswith(high) and f[: -len(high)] + low in families),
+                      key=lambda p: (p != "", p))  # the unprefixed pair first  # fmt: skip
     rows = []
-    for (o, _, point), one in per.groupby(["objective", "point_index", "point"]):
-        hi = one.loc[one["family"] == high, "agreement"]
-        lo = one.loc[one["family"] == low, "agreement"]
-        if hi.empty or lo.empty:
-            continue
-        rows.append({
-            "objective": o, "point": point, f"{high} fronts": len(hi), f"{low} fronts": len(lo),
-            "gap of the means": hi.mean() - lo.mean(),
-            "smallest gap": hi.min() - lo.max(), "largest gap": hi.max() - lo.min(),
-        })  # fmt: skip
+    for prefix in prefixes:
+        for (o, _, point), one in per.groupby(["objective", "point_index", "point"]):
+            hi = one.loc[one["family"] == prefix + high, "agreement"]
+            lo = one.loc[one["family"] == prefix + low, "agreement"]
+            if hi.empty or lo.empty:
+                continue
+            row = {"back": prefix.rstrip("-") or "back"} if len(prefixes) > 1 else {}
+            rows.append({
+                **row, "objective": o, "point": point,
+                f"{high} fronts": len(hi), f"{low} fronts": len(lo),
+                "gap of the means": hi.mean() - lo.mean(),
+                "smallest gap": hi.min() - lo.max(), "largest gap": hi.max() - lo.min(),
+            })  # fmt: skip
     return pd.DataFrame(rows) if rows else None
 
 
