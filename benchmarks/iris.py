@@ -211,6 +211,7 @@ RECIPES = {
     "v2": {"preset": "v2"},
     "v3": {"preset": "v3"},  # the default before the first-layer preconditioner (2026-12-05)
     "v4": {"preset": "v4"},  # whitened, 180 steps in float32 (2026-12-05, until bfloat16)
+    "v5": {"preset": "v5"},  # bfloat16, smooth inner-ReLU gradient to the last step
     "default": {},
     # what the default runs on a machine where bfloat16 is not fast (a CPU without AMX)
     "default-float32": {"amp": "off"},

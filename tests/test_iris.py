@@ -378,7 +378,8 @@ def test_recipe_describe_names_every_choice():
         "270 adam steps 0.1 -> 0.01 (beta2 0.95, no momentum out of the box, whitened by "
         "the first convolution where the front starts with one) from uniform noise over "
         "the box, ReLU gradient smooth inside (sigmoid of width 0.3 x the source's sd, at "
-        "least 0.05), straight through at the output, per-sample tolerance 0.01, box (0, "
+        "least 0.05; exact in the last 90 steps), straight through at the output, "
+        "per-sample tolerance 0.01, box (0, "
         "1), stored as uint8, in bfloat16 where the hardware has bf16 matrix units (CUDA, "
         "AMX), the last 30 in float32 and all once the batch's median is below 0.02"
     )

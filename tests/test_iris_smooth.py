@@ -98,6 +98,65 @@ def test_smooth_relu_keeps_the_activations_dtype():
     torch.testing.assert_close(x.grad, expect, rtol=1e-6, atol=1e-7)
 
 
+def test_exact_steps_take_the_exact_inner_relu_gradient():
+    """A step with ``exact=True`` (the recipe's last ``exact_relu_steps``) backpropagates
+    the exact ReLU gradient at the inner ReLUs (0 where the unit is off, 1 where on, by
+    hand on _net: inner pre-activations (-0.1, -0.05) and (-0.1, -1.0) are all off, so the
+    gradient is 0), the final ReLU still straight through; the forward is the same."""
+    m = _net()
+    front = _frozen_front(m, "3", relu_grad="smooth", relu_width=0.3, relu_floor=0.05)
+    smooth = _smooth_relus_of(front)
+    with torch.no_grad(), smooth.recording():
+        front(torch.tensor([[0.8, 0.2], [0.9, 0.1]]))
+    x = torch.tensor([[0.4, 0.45], [0.4, -0.5], [0.7, 0.3]])  # the third: (0.2, -0.2)
+    smooth.step(torch.tensor([0, 1, 0]), exact=True)
+    xi = x.clone().requires_grad_(True)
+    out = front(xi)
+    with torch.no_grad():
+        torch.testing.assert_close(out, m[:4](x))
+    out.sum().backward()
+    # the final ReLU (output 2 * 0.2 = 0.4 > 0, and 0 where the inner units are off) passes
+    # the gradient; the inner ones pass 1 where on (unit 1 of the third input), 0 elsewhere
+    assert torch.equal(xi.grad, torch.tensor([[0.0, 0.0], [0.0, 0.0], [2.0, 0.0]]))
+    smooth.step(None)  # and the next plain step is smooth again
+    xi = x[:1].clone().requires_grad_(True)
+    front(xi).sum().backward()
+    assert float(xi.grad[0, 0]) > 0.05
+
+
+def test_exact_relu_steps_run_the_last_steps_exact(monkeypatch):
+    """Of 10 steps with exact_relu_steps=4, the first 6 are smooth and the last 4 exact;
+    exact_relu_steps=0 is the smooth gradient to the last step (preset "v5"), and the field
+    is in a stored set's key only when it does something."""
+    import stitchlab.iris as iris
+
+    seen = []
+    step = iris._SmoothReLUs.step
+
+    def spy(self, rows, exact=False):
+        seen.append(exact)
+        step(self, rows, exact)
+
+    monkeypatch.setattr(iris._SmoothReLUs, "step", spy)
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU(), nn.Conv2d(4, 4, 1),
+                        nn.ReLU(), nn.Conv2d(4, 2, 1)).eval()  # fmt: skip
+    x = torch.rand(2, 3, 6, 6)
+    generate_iris(net, "3", x, steps=10, exact_relu_steps=4, tolerance=None)
+    assert seen == [False] * 6 + [True] * 4
+    seen.clear()
+    generate_iris(net, "3", x, steps=10, preset="v5", tolerance=None)
+    assert seen == [False] * 10
+    assert IRIRecipe().exact_relu_steps == 90
+    assert IRIRecipe().key_dict()["exact_relu_steps"] == 90
+    assert "exact_relu_steps" not in IRIRecipe.from_kwargs(preset="v5").key_dict()
+    assert "exact_relu_steps" not in IRIRecipe(relu_grad="surrogate").key_dict()
+    assert "exact in the last 90 steps" in IRIRecipe().describe()
+    assert "exact in the last" not in IRIRecipe.from_kwargs(preset="v5").describe()
+    with pytest.raises(ValueError, match="exact_relu_steps"):
+        IRIRecipe.from_kwargs(exact_relu_steps=-1)
+
+
 def test_smooth_keeps_in_place_relus_in_place():
     from stitchlab import models
 

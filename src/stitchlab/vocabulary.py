@@ -102,7 +102,10 @@ def describe_iri_recipe(recipe: dict) -> str:
         "straight through at the output",
         "smooth": "ReLU gradient smooth inside (sigmoid of width "
         f"{recipe.get('relu_width', 0.3):g} x the source's sd, at least "
-        f"{recipe.get('relu_floor', 0.0):g}), straight through at the output",
+        f"{recipe.get('relu_floor', 0.0):g}"
+        + (f"; exact in the last {recipe['exact_relu_steps']} steps"
+           if recipe.get("exact_relu_steps") else "")  # absent: smooth to the last step
+        + "), straight through at the output",
     }[recipe["relu_grad"]]
     tol = recipe["tolerance"]
     stop = f"per-sample tolerance {tol:g}" if tol is not None else "no early stop"
