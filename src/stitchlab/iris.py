@@ -96,7 +96,8 @@ class IRIRecipe:
     ``preset="v3"`` the default from then until the first-layer preconditioner
     (2026-12-05; Adam in pixels, ``precondition="none"``), ``preset="v4"`` the default
     of 2026-12-05 until bfloat16 (180 steps, float32 on a CPU) and ``preset="v5"`` the
-    default from then until the exact inner-ReLU gradient of the last steps (2026-12-06;
+    default from then until the exact inner-ReLU gradient of the last steps (the night of
+    2026-12-05;
     the smooth gradient to the last step, ``exact_relu_steps=0``).
 
     ``amp`` is the arithmetic of the steps: ``"fast"`` (the default) runs them under
@@ -452,7 +453,7 @@ PRESETS: dict[str, dict] = {
     # by the first convolution, 180 steps in float32 on a CPU
     "v4": {"steps": 180, "exact_relu_steps": 0, **_AMP_V1},
     # the default of the late evening of 2026-12-05 (bfloat16 where fast, 270 steps) until
-    # the exact inner-ReLU gradient of the last steps (2026-12-06): the smooth gradient to
+    # the exact inner-ReLU gradient of the last steps (that night): the smooth gradient to
     # the last step
     "v5": {"exact_relu_steps": 0},
     # stitchlab's default before December 2026 (docs/validation/iri_convergence.md): kept so
