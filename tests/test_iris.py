@@ -379,8 +379,7 @@ def test_recipe_describe_names_every_choice():
         "the first convolution where the front starts with one) from uniform noise over "
         "the box, ReLU gradient smooth inside (sigmoid of width 0.3 x the source's sd, at "
         "least 0.05; exact in the last 90 steps), straight through at the output, "
-        "per-sample tolerance 0.01 (a sample's step x0.7 when its error rises within 3x of "
-        "it), box (0, "
+        "per-sample tolerance 0.01, box (0, "
         "1), stored as uint8, in bfloat16 where the hardware has bf16 matrix units (CUDA, "
         "AMX), the last 30 in float32 and all once the batch's median is below 0.02"
     )

@@ -118,7 +118,7 @@ def test_old_presets_keep_their_arithmetic_and_keys():
     # v5: the bfloat16 default before the exact inner-ReLU gradient of the last steps
     v5 = IRIRecipe.from_kwargs(preset="v5")
     assert (v5.steps, v5.amp, v5.float32_steps, v5.exact_relu_steps) == (270, "fast", 30, 0)
-    later = ("exact_relu_steps", "step_backoff", "backoff_within", "keep_converged")
+    later = ("exact_relu_steps", "keep_converged")
     assert v5.key_dict() == {k: v for k, v in IRIRecipe().key_dict().items()
                              if k not in later}  # fmt: skip
 

@@ -318,35 +318,26 @@ def test_colour_mix_is_the_same_in_both_memory_formats():
         torch.testing.assert_close(_mix(t.contiguous(memory_format=fmt), c), ref)
 
 
-def test_step_backoff_near_the_tolerance():
-    """One pixel, identity front, source 0.36, start 0.5, signed steps of 0.1, tolerance
-    0.1 (so "near" is an error below 0.3). By hand: 0.5 -> 0.4 (error 0.111) -> 0.3
-    (0.167: a rise, near) -> the step backs off to 0.07 -> 0.37 (0.028, below the
-    tolerance: the sample stops there and keeps that iterate). Without the backoff the
-    pixel swings between 0.4 and 0.3 for good."""
+def test_a_converged_sample_keeps_the_iterate_that_met_the_tolerance():
+    """One pixel, identity front, source 0.37, start 0.5, signed steps of 0.1, tolerance
+    0.1 (by hand: 0.5 -> 0.4, error 0.081, below the tolerance). The sample stops there and
+    keeps 0.4; before keep_converged it also took that iteration's step, to 0.3 (error
+    0.189, above the tolerance it had met)."""
     m = nn.Sequential(nn.Linear(1, 1, bias=False), nn.Linear(1, 2))
     with torch.no_grad():
         m[0].weight.fill_(1.0)
-    src = torch.tensor([[0.36]])
+    src = torch.tensor([[0.37]])
 
-    def final(steps: int, **kw) -> float:
-        kw = dict(optimizer="sign", step_size=0.1, final_step_size=None, tolerance=0.1,
-                  start="scaled_noise", start_scale=1e-9, precision="float32",
-                  relu_grad="exact", **kw)  # fmt: skip
-        return float(generate_iris(m, "0", src, steps=steps, **kw).iris)
+    def final(**kw) -> float:
+        kw = {"optimizer": "sign", "step_size": 0.1, "final_step_size": None,
+              "tolerance": 0.1, "start": "scaled_noise", "start_scale": 1e-9,
+              "precision": "float32", "relu_grad": "exact", "steps": 20, **kw}
+        return float(generate_iris(m, "0", src, **kw).iris)
 
-    assert final(20) == pytest.approx(0.37, abs=1e-6)
-    assert final(3) == pytest.approx(0.37, abs=1e-6)  # 0.5 -> 0.4 -> 0.3 -> 0.37
-    assert final(20, step_backoff=None) == pytest.approx(0.3, abs=1e-6)  # swings, 20 even
-    assert final(21, step_backoff=None) == pytest.approx(0.4, abs=1e-6)
-    # a sample that meets the tolerance keeps that iterate, not the step taken from it
-    assert final(20, keep_converged=False) == pytest.approx(0.37 - 0.07, abs=1e-6)
-    with pytest.raises(ValueError, match="step_backoff"):
-        IRIRecipe.from_kwargs(step_backoff=1.0)
-    with pytest.raises(ValueError, match="backoff_within"):
-        IRIRecipe.from_kwargs(backoff_within=1.0)
+    assert final() == pytest.approx(0.4, abs=1e-6)
+    assert final(keep_converged=False) == pytest.approx(0.3, abs=1e-6)
+    assert final(tolerance=None) == pytest.approx(0.3, abs=1e-6)  # no stop: 0.4, 0.3, ... 0.3
     d = IRIRecipe().key_dict()
-    assert (d["step_backoff"], d["backoff_within"], d["keep_converged"]) == (0.7, 3.0, True)
-    assert "step_backoff" not in IRIRecipe(tolerance=None).key_dict()
-    v5 = IRIRecipe.from_kwargs(preset="v5").key_dict()
-    assert "step_backoff" not in v5 and "keep_converged" not in v5
+    assert d["keep_converged"] is True
+    assert "keep_converged" not in IRIRecipe(tolerance=None).key_dict()
+    assert "keep_converged" not in IRIRecipe.from_kwargs(preset="v5").key_dict()

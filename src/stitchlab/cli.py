@@ -514,7 +514,7 @@ def _parser() -> argparse.ArgumentParser:
                     choices=("default", "paper", "v1", "v2", "v3", "v4", "v5", "audio", "audio-v1"),
                     help="stitchlab's recipe (Adam, 270 steps whitened by the first "
                     "convolution, bfloat16 where fast but the last 30, smooth inner ReLU "
-                    "gradient but the last 90, tolerance 0.01 with a backoff), the "
+                    "gradient but the last 90, tolerance 0.01), the "
                     "paper's (200 signed steps of 1/255), "
                     "stitchlab's earlier defaults (v1-v5), or for waveforms the audio "
                     "recipe (Adam in STFT coordinates, int16) and its earlier version "

@@ -88,11 +88,7 @@ class IRIRecipe:
     and smoothly through its inner ReLUs (``relu_grad="smooth"``) but in the last 90 steps
     (``exact_relu_steps``), where the inner ReLUs take their exact gradient, and a sample
     stops once its relative error is below ``tolerance`` (0.01), keeping the iterate that
-    met it (``keep_converged``); near the tolerance (an error below ``backoff_within`` = 3x
-    it) a sample whose error rose since its last step has its step size multiplied by
-    ``step_backoff`` (0.7), so that a converging sample settles instead of waiting for the
-    global schedule (docs/validation/iri_convergence.md, "The exact inner-ReLU gradient in
-    the last steps, and a backoff near the tolerance"). :meth:`paper` is PROTOCOL section 3
+    met it (``keep_converged``). :meth:`paper` is PROTOCOL section 3
     exactly (200 signed steps of 1/255, no early stop), also reachable as
     ``preset="paper"`` wherever recipe options are given; ``preset="v1"`` is stitchlab's
     earlier default (Adam 0.05 -> 0.002, straight-through final ReLU only), with which
@@ -102,8 +98,8 @@ class IRIRecipe:
     (2026-12-05; Adam in pixels, ``precondition="none"``), ``preset="v4"`` the default
     of 2026-12-05 until bfloat16 (180 steps, float32 on a CPU) and ``preset="v5"`` the
     default from then until the exact inner-ReLU gradient of the last steps (the night of
-    2026-12-05;
-    the smooth gradient to the last step, ``exact_relu_steps=0``).
+    2026-12-05; the smooth gradient to the last step, and a sample that met the tolerance
+    also took that iteration's step).
 
     ``amp`` is the arithmetic of the steps: ``"fast"`` (the default) runs them under
     bfloat16 autocast where :func:`bf16_is_fast` (CUDA, a CPU with AMX tiles, where a
@@ -197,10 +193,6 @@ class IRIRecipe:
     optimizer: Literal["sign", "adam", "l2", "lbfgs"] = "adam"
     start: Literal["noise", "image", "blur", "scaled_noise"] = "noise"  # image: another source
     tolerance: float | None = 0.01  # a sample stops once its relative error is below
-    # near the tolerance (error below backoff_within x tolerance), a sample whose error rose
-    # since its previous step has its step size multiplied by step_backoff (None: never)
-    step_backoff: float | None = 0.7
-    backoff_within: float = 3.0
     # a sample that meets the tolerance keeps the iterate that met it (False: it also takes
     # that iteration's step, as every recipe did before the night of 2026-12-05)
     keep_converged: bool = True
@@ -348,10 +340,6 @@ class IRIRecipe:
             )
         if not 0.0 <= self.relu_floor < 1.0:
             raise ValueError(f"relu_floor must be in [0, 1), got {self.relu_floor}")
-        if self.step_backoff is not None and not 0 < self.step_backoff < 1:
-            raise ValueError(f"step_backoff must be in (0, 1) or None, got {self.step_backoff}")
-        if not self.backoff_within > 1:
-            raise ValueError(f"backoff_within must be > 1, got {self.backoff_within}")
         if self.exact_relu_steps < 0:
             raise ValueError(f"exact_relu_steps must be >= 0, got {self.exact_relu_steps}")
         if not self.relu_width > 0:
@@ -410,10 +398,8 @@ class IRIRecipe:
         unless the start is ``"scaled_noise"``, ``relu_slope`` unless ``relu_grad`` is
         ``"surrogate"``, ``history`` unless the optimizer is ``"lbfgs"``, ``relu_width``
         and ``relu_floor`` unless ``relu_grad`` is ``"smooth"``, ``exact_relu_steps`` unless
-        ``relu_grad`` is ``"smooth"`` and it is above 0, ``step_backoff`` and
-        ``backoff_within`` when there is no backoff (``step_backoff`` None, no tolerance,
-        or L-BFGS), ``keep_converged`` when it is False or does nothing (no tolerance,
-        L-BFGS), ``adam_beta2`` when it is 0.999,
+        ``relu_grad`` is ``"smooth"`` and it is above 0, ``keep_converged`` when it is False
+        or does nothing (no tolerance, L-BFGS), ``adam_beta2`` when it is 0.999,
         ``drop_outward_momentum`` when it is False (what Adam did before these fields) and
         ``colour_basis`` when it is ``"rgb"``, ``stft_window`` when it is 0 and
         ``precondition`` when it is ``"none"``, ``float32_steps`` when it is 0 and
@@ -424,8 +410,6 @@ class IRIRecipe:
             del d["relu_width"], d["relu_floor"]
         if d["relu_grad"] != "smooth" or not d["exact_relu_steps"]:
             del d["exact_relu_steps"]
-        if d["step_backoff"] is None or d["tolerance"] is None or d["optimizer"] == "lbfgs":
-            del d["step_backoff"], d["backoff_within"]  # it changes nothing then
         if not d["keep_converged"] or d["tolerance"] is None or d["optimizer"] == "lbfgs":
             del d["keep_converged"]
         if d["adam_beta2"] == 0.999:
@@ -461,9 +445,8 @@ PRECISIONS = ("uint8", "int16", "float32")
 # Adam before 2026-12-04 (in the inputs' own coordinates, as every default until 2026-12-05)
 _ADAM_V1 = {"adam_beta2": 0.999, "drop_outward_momentum": False, "precondition": "none"}
 # mixed precision before 2026-12-05's last change: bf16 on CUDA only, to the last step (and
-# no per-sample step backoff, which came later that night)
-_AMP_V1 = {"amp": "auto", "float32_steps": 0, "float32_below": None, "step_backoff": None,
-           "keep_converged": False}
+# a converged sample's last step taken, as until later that night)
+_AMP_V1 = {"amp": "auto", "float32_steps": 0, "float32_below": None, "keep_converged": False}
 
 PRESETS: dict[str, dict] = {
     "default": {},
@@ -478,9 +461,9 @@ PRESETS: dict[str, dict] = {
     # by the first convolution, 180 steps in float32 on a CPU
     "v4": {"steps": 180, "exact_relu_steps": 0, **_AMP_V1},
     # the default of the late evening of 2026-12-05 (bfloat16 where fast, 270 steps) until
-    # the exact inner-ReLU gradient of the last steps and the backoff (that night): the
-    # smooth gradient to the last step, no backoff, a converged sample's last step taken
-    "v5": {"exact_relu_steps": 0, "step_backoff": None, "keep_converged": False},
+    # the exact inner-ReLU gradient of the last steps (that night): the smooth gradient to
+    # the last step, and a converged sample's last step taken
+    "v5": {"exact_relu_steps": 0, "keep_converged": False},
     # stitchlab's default before December 2026 (docs/validation/iri_convergence.md): kept so
     # that the sets and pages made with it are reproduced exactly
     "v1": {"steps": 200, "step_size": 0.05, "final_step_size": 0.002,
@@ -1314,10 +1297,6 @@ def _descend(front, x, target, target_norm, recipe: IRIRecipe, gen, memory_forma
     # tail, fewer once the batch's median error is below recipe.float32_below
     bf16_until = _bf16_steps(recipe, device)
     exact_from = recipe.steps - recipe.exact_relu_steps  # smooth relus: exact from this step
-    # per-sample step multipliers (the backoff near the tolerance) and last errors
-    backoff = recipe.step_backoff if early else None
-    mult = torch.ones(x.shape[0], device=device) if backoff is not None else None
-    last = torch.full((x.shape[0],), math.inf, device=device) if backoff is not None else None
     for t in range(recipe.steps):
         # gather and scatter only once some samples have stopped
         idx = active.nonzero().squeeze(1) if early and not all_active else None
@@ -1334,17 +1313,6 @@ def _descend(front, x, target, target_norm, recipe: IRIRecipe, gen, memory_forma
         if t < bf16_until and below is not None and float(err.median()) < below:
             bf16_until = t + 1  # near bfloat16's floor: the rest in float32
         alpha = recipe.step_at(t)
-        ma = None
-        if backoff is not None:  # near the tolerance, a sample whose error rose backs off
-            la = last if idx is None else last[idx]
-            ma = mult if idx is None else mult[idx]
-            near = err < recipe.backoff_within * recipe.tolerance
-            ma = torch.where(near & (err > la), ma * backoff, ma)
-            if idx is None:
-                mult, last = ma, err.clone()
-            else:
-                mult[idx], last[idx] = ma, err
-            ma = ma.view(-1, *[1] * (x.dim() - 1))
         done = err < recipe.tolerance if early else None
         kept = None  # the iterates that met the tolerance, kept from this step's update
         if done is not None and recipe.keep_converged and bool(done.any()):
@@ -1352,13 +1320,11 @@ def _descend(front, x, target, target_norm, recipe: IRIRecipe, gen, memory_forma
         with torch.no_grad():
             new = xa.detach()
             if recipe.optimizer == "sign":
-                step = grad.sign_()
-                new.add_(step if ma is None else step.mul_(ma), alpha=-alpha)
+                new.add_(grad.sign_(), alpha=-alpha)
             elif recipe.optimizer == "l2":  # per-sample L2 step of length alpha * sqrt(D)
                 norm = grad.flatten(1).norm(dim=1).clamp_min(1e-12)
                 scale = (alpha * math.sqrt(numel)) / norm
-                step = grad * scale.view(-1, *[1] * (grad.dim() - 1))
-                new.sub_(step if ma is None else step.mul_(ma))
+                new.sub_(grad * scale.view(-1, *[1] * (grad.dim() - 1)))
             else:  # Adam, in place on the moments (gathered copies once samples stopped)
                 mi = m if idx is None else m[idx]
                 vi = v if idx is None else v[idx]
@@ -1372,15 +1338,11 @@ def _descend(front, x, target, target_norm, recipe: IRIRecipe, gen, memory_forma
                 else:
                     coords.add_power_(vi, coords.analysis(grad), 1 - b2)
                 denom = (vi / (1 - b2 ** (t + 1))).sqrt_().add_(1e-8)
-                if coords is None and ma is None:
+                if coords is None:
                     new.addcdiv_(mi, denom, value=-alpha / (1 - 0.9 ** (t + 1)))
-                else:  # the step in z back to x, or each sample's own step size
-                    if coords is None:
-                        step = mi / denom
-                    else:
-                        step = coords.synthesis(coords.scale_(coords.analysis(mi), denom))
-                    new.sub_(step if ma is None else step.mul_(ma),
-                             alpha=alpha / (1 - 0.9 ** (t + 1)))  # fmt: skip
+                else:  # the step in z, back to x
+                    step = coords.synthesis(coords.scale_(coords.analysis(mi), denom))
+                    new.sub_(step, alpha=alpha / (1 - 0.9 ** (t + 1)))
                 if recipe.drop_outward_momentum:  # no momentum pushing a pixel out of the box
                     mi.masked_fill_((new < lo) | (new > hi), 0.0)
                 if idx is not None:

@@ -109,10 +109,6 @@ def describe_iri_recipe(recipe: dict) -> str:
     }[recipe["relu_grad"]]
     tol = recipe["tolerance"]
     stop = f"per-sample tolerance {tol:g}" if tol is not None else "no early stop"
-    backoff = recipe.get("step_backoff")  # absent: no backoff (before the night of 2026-12-05)
-    if tol is not None and backoff is not None and recipe["optimizer"] != "lbfgs":
-        stop += (f" (a sample's step x{backoff:g} when its error rises within "
-                 f"{recipe.get('backoff_within', 3.0):g}x of it)")  # fmt: skip
     lo, hi = recipe["box"]
     steps = f"{recipe['steps']} {recipe['optimizer']} steps {size}"
     if recipe["optimizer"] == "adam":  # fields added on 2026-12-04; absent: Adam as before
