@@ -151,10 +151,10 @@ class IRIRecipe:
     the forward pass stays exact. The smooth gradient is not the gradient of the error, so
     it leaves a floor under the error that it cannot descend below: the last
     ``exact_relu_steps`` steps of a batch take the exact gradient of the inner ReLUs (the
-    final one stays straight through), which lowers the median error 5-20% from layer2.1
-    on at experiment A's fronts, and costs less than a smooth step (no sigmoid derivative
-    to keep; docs/validation/iri_convergence.md, "The exact inner-ReLU gradient in the last
-    steps").
+    final one stays straight through), which lowers the median error 2-23% from layer2.1
+    on at experiment A's fronts (L-BFGS takes it too; not measured there), and costs less
+    than a smooth step (no sigmoid derivative to keep; docs/validation/iri_convergence.md,
+    "The exact inner-ReLU gradient in the last steps").
 
     ``colour_basis="opponent"`` runs Adam (its moments, its per-coordinate step) in an
     orthonormal opponent colour basis of each RGB pixel (luminance, red-green,
