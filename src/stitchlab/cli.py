@@ -506,12 +506,14 @@ def _parser() -> argparse.ArgumentParser:
     _add_random_init(st)
     st.set_defaults(func=_cmd_stitch)
 
+    from .iris import PRESETS
+
     ir = add("iris", "Generate (or resume) the IRI set of a model at a point; print quality.")
     ir.add_argument("model", help="checkpoint path or registered model name")
     ir.add_argument("point")
     ir.add_argument("--cache", required=True, help="IRI cache folder")
     ir.add_argument("--preset", default="default",
-                    choices=("default", "paper", "v1", "v2", "v3", "v4", "v5", "audio", "audio-v1"),
+                    choices=sorted(PRESETS),
                     help="stitchlab's recipe (Adam, 270 steps whitened by the first "
                     "convolution, bfloat16 where fast but the last 30, smooth inner ReLU "
                     "gradient but the last 90, tolerance 0.01), the "

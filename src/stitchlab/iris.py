@@ -444,34 +444,36 @@ PRECISIONS = ("uint8", "int16", "float32")
 #: Named starting points for IRI recipes (see :class:`IRIRecipe`).
 # Adam before 2026-12-04 (in the inputs' own coordinates, as every default until 2026-12-05)
 _ADAM_V1 = {"adam_beta2": 0.999, "drop_outward_momentum": False, "precondition": "none"}
-# mixed precision before 2026-12-05's last change: bf16 on CUDA only, to the last step (and
-# a converged sample's last step taken, as until later that night)
-_AMP_V1 = {"amp": "auto", "float32_steps": 0, "float32_below": None, "keep_converged": False}
+# mixed precision before 2026-12-05's last change: bf16 on CUDA only, to the last step
+_AMP_V1 = {"amp": "auto", "float32_steps": 0, "float32_below": None}
+# the stop before the night of 2026-12-05: a converged sample also took that iteration's step
+_STOP_V1 = {"keep_converged": False}
 
 PRESETS: dict[str, dict] = {
     "default": {},
     "paper": {
         "steps": 200, "step_size": 1 / 255, "final_step_size": None, "optimizer": "sign",
         "start": "noise", "tolerance": None, "relu_grad": "exact", **_ADAM_V1, **_AMP_V1,
+        **_STOP_V1,
     },
     # the default from 2026-12-04 until the first-layer preconditioner (2026-12-05): Adam in
     # pixels; the pages of that time were made with it
-    "v3": {"steps": 180, "precondition": "none", "exact_relu_steps": 0, **_AMP_V1},
+    "v3": {"steps": 180, "precondition": "none", "exact_relu_steps": 0, **_AMP_V1, **_STOP_V1},
     # the default of 2026-12-05 until bfloat16 where it is fast (the same evening): whitened
     # by the first convolution, 180 steps in float32 on a CPU
-    "v4": {"steps": 180, "exact_relu_steps": 0, **_AMP_V1},
+    "v4": {"steps": 180, "exact_relu_steps": 0, **_AMP_V1, **_STOP_V1},
     # the default of the late evening of 2026-12-05 (bfloat16 where fast, 270 steps) until
     # the exact inner-ReLU gradient of the last steps (that night): the smooth gradient to
     # the last step, and a converged sample's last step taken
-    "v5": {"exact_relu_steps": 0, "keep_converged": False},
+    "v5": {"exact_relu_steps": 0, **_STOP_V1},
     # stitchlab's default before December 2026 (docs/validation/iri_convergence.md): kept so
     # that the sets and pages made with it are reproduced exactly
     "v1": {"steps": 200, "step_size": 0.05, "final_step_size": 0.002,
-           "relu_grad": "straight_through", **_ADAM_V1, **_AMP_V1},
+           "relu_grad": "straight_through", **_ADAM_V1, **_AMP_V1, **_STOP_V1},
     # the default from early December 2026 to 2026-12-04 (surrogate inner ReLUs, Adam's
     # usual moments), with which the pages of that time were made
     "v2": {"steps": 200, "step_size": 0.1, "final_step_size": 0.01, "relu_grad": "surrogate",
-           "relu_slope": 0.1, **_ADAM_V1, **_AMP_V1},
+           "relu_slope": 0.1, **_ADAM_V1, **_AMP_V1, **_STOP_V1},
     # waveforms in [-1, 1]: a quiet Gaussian start (uniform noise over the box never
     # converges), 300 Adam steps of 0.003 decaying to 0.0001 (the image steps leave a log-mel
     # front 0.5-0.7 off), int16 storage (uint8 levels are 1/127 of full scale); since
@@ -481,14 +483,14 @@ PRESETS: dict[str, dict] = {
     "audio": {
         "steps": 300, "step_size": 0.003, "final_step_size": 0.0001, "start": "scaled_noise",
         "start_scale": 0.003, "box": (-1.0, 1.0), "precision": "int16", "stft_window": 256,
-        "precondition": "none", "exact_relu_steps": 0, **_AMP_V1,
+        "precondition": "none", "exact_relu_steps": 0, **_AMP_V1, **_STOP_V1,
     },
     # the audio preset up to 2026-12-05 (straight-through final ReLU, Adam's usual moments,
     # in samples), with which the earlier speech pages were made
     "audio-v1": {
         "steps": 300, "step_size": 0.003, "final_step_size": 0.0001, "start": "scaled_noise",
         "start_scale": 0.003, "box": (-1.0, 1.0), "precision": "int16",
-        "relu_grad": "straight_through", **_ADAM_V1, **_AMP_V1,
+        "relu_grad": "straight_through", **_ADAM_V1, **_AMP_V1, **_STOP_V1,
     },
 }  # fmt: skip
 
@@ -728,9 +730,8 @@ class _SmoothReLUs:
         self._rows: Tensor | None = None
 
     def relu(self, x: Tensor, inplace: bool = False) -> Tensor:
-        """Replaces each inner ReLU of the front (``inplace`` as the model's own)."""
-        if self.mode == "exact":  # torch's ReLU: its backward reads the result, no copy
-            return torch.relu_(x) if inplace else torch.relu(x)
+        """Replaces each inner ReLU of the front (``inplace`` as the model's own): the
+        smooth one in a step, a plain one otherwise (an exact step, measurement)."""
         if self.mode == "step":
             if self._k >= len(self.inv_widths):
                 raise RuntimeError(
@@ -751,7 +752,8 @@ class _SmoothReLUs:
             else:
                 sd = x.detach().float().std(dim=dims, keepdim=True)
             self.inv_widths.append((sd * self.width).clamp_min(1e-12).reciprocal())
-        return x.clamp_min_(0) if inplace else x.clamp_min(0)
+        # torch's ReLU: its backward (in an exact step) reads the result, keeps no copy
+        return torch.relu_(x) if inplace else torch.relu(x)
 
     @contextlib.contextmanager
     def recording(self) -> Iterator[None]:
@@ -1316,7 +1318,7 @@ def _descend(front, x, target, target_norm, recipe: IRIRecipe, gen, memory_forma
         done = err < recipe.tolerance if early else None
         kept = None  # the iterates that met the tolerance, kept from this step's update
         if done is not None and recipe.keep_converged and bool(done.any()):
-            kept = xa.detach()[done].clone()
+            kept = xa.detach()[done]  # a copy: boolean indexing gathers
         with torch.no_grad():
             new = xa.detach()
             if recipe.optimizer == "sign":
