@@ -990,8 +990,9 @@ def _error_and_grad(f: Tensor, target: Tensor, target_norm: Tensor) -> tuple[Ten
     """Per-sample relative errors and their gradient with respect to ``f`` (analytic:
     d/df ||f - t|| / ||t|| = (f - t) / (||f - t|| ||t||)), so that autograd only runs
     through the network."""
-    diff = f.detach().float() - target
-    dist = torch.linalg.vector_norm(diff.flatten(1), dim=1)
+    diff = torch.sub(f.detach(), target)  # float32, in one pass from a bfloat16 f
+    # over the non-batch dims in place: flatten(1) would copy a channels-last map
+    dist = torch.linalg.vector_norm(diff, dim=tuple(range(1, diff.dim())))
     scale = 1.0 / (dist * target_norm).clamp_min(1e-20)
     grad = diff.mul_(scale.view(-1, *[1] * (diff.dim() - 1)))
     return dist / target_norm, grad.to(f.dtype)
