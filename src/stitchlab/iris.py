@@ -993,11 +993,11 @@ def _error_and_grad(f: Tensor, target: Tensor, target_norm: Tensor) -> tuple[Ten
     diff = torch.sub(f.detach(), target)  # float32, in one pass from a bfloat16 f
     # over the non-batch dims in place: flatten(1) would copy a channels-last map
     dist = torch.linalg.vector_norm(diff, dim=tuple(range(1, diff.dim())))
-    scale = (1.0 / (dist * target_norm).clamp_min(1e-20)).view(-1, *[1] * (diff.dim() - 1))
-    if f.dtype == diff.dtype:
-        return dist / target_norm, diff.mul_(scale)
-    # rounded to f's dtype as it is written: one pass, not a product and then a copy
-    return dist / target_norm, torch.mul(diff, scale, out=torch.empty_like(f))
+    scale = 1.0 / (dist * target_norm).clamp_min(1e-20)
+    # (a product written straight into bfloat16, torch.mul(..., out=), is 1.7x slower on
+    # the CPU than this product and a vectorised copy)
+    grad = diff.mul_(scale.view(-1, *[1] * (diff.dim() - 1)))
+    return dist / target_norm, grad.to(f.dtype)
 
 
 def _optimise(
