@@ -990,7 +990,7 @@ def _error_and_grad(f: Tensor, target: Tensor, target_norm: Tensor) -> tuple[Ten
     """Per-sample relative errors and their gradient with respect to ``f`` (analytic:
     d/df ||f - t|| / ||t|| = (f - t) / (||f - t|| ||t||)), so that autograd only runs
     through the network."""
-    diff = torch.sub(f.detach(), target)  # float32, in one pass from a bfloat16 f
+    diff = torch.sub(f.detach(), target)  # float32 by type promotion from a bfloat16 f
     # over the non-batch dims in place: flatten(1) would copy a channels-last map
     dist = torch.linalg.vector_norm(diff, dim=tuple(range(1, diff.dim())))
     scale = 1.0 / (dist * target_norm).clamp_min(1e-20)
@@ -1319,9 +1319,10 @@ def _descend(front, x, target, target_norm, recipe: IRIRecipe, gen, memory_forma
             bf16_until = t + 1  # near bfloat16's floor: the rest in float32
         alpha = recipe.step_at(t)
         done = err < recipe.tolerance if early else None
-        kept = None  # the iterates that met the tolerance, kept from this step's update
-        if done is not None and recipe.keep_converged and bool(done.any()):
-            kept = xa.detach()[done]  # a copy: boolean indexing gathers
+        stopping = done is not None and bool(done.any())  # one sync for both uses below
+        # the iterates that met the tolerance, kept from this step's update (boolean
+        # indexing gathers a copy)
+        kept = xa.detach()[done] if stopping and recipe.keep_converged else None
         with torch.no_grad():
             new = xa.detach()
             if recipe.optimizer == "sign":
@@ -1359,12 +1360,11 @@ def _descend(front, x, target, target_norm, recipe: IRIRecipe, gen, memory_forma
                 x_adv = new
             else:
                 x_adv[idx] = new
-            if done is not None:
-                if bool(done.any()):
-                    active[done if idx is None else idx[done]] = False
-                    all_active = False
-                    if not bool(active.any()):
-                        break
+            if stopping:
+                active[done if idx is None else idx[done]] = False
+                all_active = False
+                if not bool(active.any()):
+                    break
     return x_adv.detach()
 
 
