@@ -212,6 +212,11 @@ RECIPES = {
     "v3": {"preset": "v3"},  # the default before the first-layer preconditioner (2026-12-05)
     "v4": {"preset": "v4"},  # whitened, 180 steps in float32 (2026-12-05, until bfloat16)
     "v5": {"preset": "v5"},  # bfloat16, smooth inner-ReLU gradient to the last step
+    "v6": {"preset": "v6"},  # the default before the Polyak cap of affine fronts (2026-12-06)
+    # the cap's fraction and where it applies (docs/validation/iri_convergence.md)
+    "polyak-0.5": {"polyak": 0.5},
+    "polyak-1": {"polyak": 1.0},
+    "polyak-all": {"polyak_fronts": "all"},
     "default": {},
     # what the default runs on a machine where bfloat16 is not fast (a CPU without AMX)
     "default-float32": {"amp": "off"},

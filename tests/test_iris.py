@@ -376,7 +376,8 @@ def test_recipe_describe_names_every_choice():
 
     assert IRIRecipe().describe() == (
         "270 adam steps 0.1 -> 0.01 (beta2 0.95, no momentum out of the box, whitened by "
-        "the first convolution where the front starts with one) from uniform noise over "
+        "the first convolution where the front starts with one, each at most 0.3 x its "
+        "Polyak step on fronts affine up to the final ReLU) from uniform noise over "
         "the box, ReLU gradient smooth inside (sigmoid of width 0.3 x the source's sd, at "
         "least 0.05; exact in the last 90 steps), straight through at the output, "
         "per-sample tolerance 0.01, box (0, "
@@ -384,7 +385,7 @@ def test_recipe_describe_names_every_choice():
         "AMX), the last 30 in float32 and all once the batch's median is below 0.02"
     )
     assert "whitened by the first convolution) from" in IRIRecipe(
-        precondition="first_layer"
+        precondition="first_layer", polyak=None
     ).describe()
     assert IRIRecipe.from_kwargs(preset="v3").describe() == (
         "180 adam steps 0.1 -> 0.01 (beta2 0.95, no momentum out of the box) from uniform "

@@ -218,7 +218,7 @@ def test_outward_momentum_is_dropped():
     def path(drop: bool) -> list[float]:
         kw = dict(final_step_size=None, tolerance=None, start="scaled_noise",
                   start_scale=1e-9, precision="float32", relu_grad="exact",
-                  drop_outward_momentum=drop)  # fmt: skip
+                  drop_outward_momentum=drop, polyak=None)  # fmt: skip (full steps)
         return [float(generate_iris(m, "0", src, steps=k, **kw).iris) for k in range(1, 11)]
 
     kept, dropped = path(False), path(True)
@@ -331,7 +331,8 @@ def test_a_converged_sample_keeps_the_iterate_that_met_the_tolerance():
     def final(**kw) -> float:
         kw = {"optimizer": "sign", "step_size": 0.1, "final_step_size": None,
               "tolerance": 0.1, "start": "scaled_noise", "start_scale": 1e-9,
-              "precision": "float32", "relu_grad": "exact", "steps": 20, **kw}
+              "precision": "float32", "relu_grad": "exact", "steps": 20, "polyak": None,
+              **kw}  # fmt: skip (full steps: this front is affine, see test_iris_polyak.py)
         return float(generate_iris(m, "0", src, **kw).iris)
 
     assert final() == pytest.approx(0.4, abs=1e-6)

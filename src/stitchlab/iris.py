@@ -88,7 +88,9 @@ class IRIRecipe:
     and smoothly through its inner ReLUs (``relu_grad="smooth"``) but in the last 90 steps
     (``exact_relu_steps``), where the inner ReLUs take their exact gradient, and a sample
     stops once its relative error is below ``tolerance`` (0.01), keeping the iterate that
-    met it (``keep_converged``). :meth:`paper` is PROTOCOL section 3
+    met it (``keep_converged``); on a front that is affine up to its final ReLU (a stem's
+    convolution, BatchNorm and ReLU) each sample's step is at most 0.3 of its Polyak step
+    (``polyak``). :meth:`paper` is PROTOCOL section 3
     exactly (200 signed steps of 1/255, no early stop), also reachable as
     ``preset="paper"`` wherever recipe options are given; ``preset="v1"`` is stitchlab's
     earlier default (Adam 0.05 -> 0.002, straight-through final ReLU only), with which
@@ -99,7 +101,23 @@ class IRIRecipe:
     of 2026-12-05 until bfloat16 (180 steps, float32 on a CPU) and ``preset="v5"`` the
     default from then until the exact inner-ReLU gradient of the last steps (the night of
     2026-12-05; the smooth gradient to the last step, and a sample that met the tolerance
-    also took that iteration's step).
+    also took that iteration's step), ``preset="v6"`` the default from then until the
+    Polyak cap (2026-12-06; every step its full size; on a front that is not affine it is
+    the default, bit for bit and key for key).
+
+    ``polyak`` caps each sample's step at that fraction of its Polyak step ``err /
+    <grad, step>``: the size at which the error's linearisation along the step reaches 0,
+    the error's known least value (the source itself is an exact IRI). The cap applies on
+    fronts that are affine up to a straight-through final ReLU (:func:`affine_front`;
+    ``polyak_fronts="affine"``, resolved by :meth:`for_front`) or on every front
+    (``"all"``); L-BFGS, which accepts its own steps, ignores it. The relative error is a
+    norm, so Adam's step keeps about the step size's length up to the solution, and at a
+    point where the IRI is the image (experiment A's relu) samples circle the image until
+    the schedule has shrunk the step to about twice the tolerance. There the linearisation
+    is exact, and the cap takes samples to the tolerance in about half the steps: 0.6-0.7x
+    the paper recipe's time at A's relu, against 1.0-1.8x uncapped. Past an inner ReLU it
+    is not exact, and capping there raised the error 8-12% at layer1.1
+    (docs/validation/iri_convergence.md, "The Polyak cap on affine fronts").
 
     ``amp`` is the arithmetic of the steps: ``"fast"`` (the default) runs them under
     bfloat16 autocast where :func:`bf16_is_fast` (CUDA, a CPU with AMX tiles, where a
@@ -219,6 +237,10 @@ class IRIRecipe:
     precondition: Literal["auto", "first_layer", "none"] = "auto"
     float32_steps: int = 30  # the last steps of a batch run in float32 when amp is on
     float32_below: float | None = 0.02  # and all the rest once the batch's median is below
+    # each sample's step at most this fraction of its Polyak step (None: no cap), on fronts
+    # that are affine up to a straight-through final ReLU ("affine") or on every front ("all")
+    polyak: float | None = 0.3
+    polyak_fronts: Literal["affine", "all"] = "affine"
 
     def __post_init__(self) -> None:
         plain_adam = (
@@ -237,12 +259,15 @@ class IRIRecipe:
         ``device`` (default: the example's): ``amp="fast"`` becomes ``"bf16"`` where
         :func:`bf16_is_fast` (CUDA, a CPU with AMX), ``"off"`` elsewhere;
         ``precondition="auto"`` becomes ``"first_layer"`` where :func:`input_convolution`
-        finds the convolution, ``"none"`` elsewhere. So a stored set's key says what ran.
+        finds the convolution, ``"none"`` elsewhere; ``polyak`` becomes None where
+        :meth:`caps_steps` says no. So a stored set's key says what ran.
         A ValueError for ``"first_layer"`` asked of a front it does not apply to."""
         rec = self
         if rec.amp == "fast":
             fast = bf16_is_fast(device if device is not None else example.device)
             rec = dataclasses.replace(rec, amp="bf16" if fast else "off")
+        if not rec.caps_steps(front):
+            rec = dataclasses.replace(rec, polyak=None)
         if rec.precondition == "none":
             return rec
         fits = _FirstLayer.applies(front, example)
@@ -254,6 +279,15 @@ class IRIRecipe:
                 "layer). Use precondition='auto' or 'none'."
             )
         return dataclasses.replace(rec, precondition="first_layer" if fits else "none")
+
+    def caps_steps(self, front: nn.Module) -> bool:
+        """Whether this recipe's steps on ``front`` are capped by ``polyak``: a cap is
+        set, the optimizer is not L-BFGS (which has its own step acceptance) and
+        ``polyak_fronts`` is ``"all"`` or the front is affine up to a straight-through
+        final ReLU (:func:`affine_front`)."""
+        if self.polyak is None or self.optimizer == "lbfgs":
+            return False
+        return self.polyak_fronts == "all" or affine_front(front)
 
     @classmethod
     def paper(cls, **overrides) -> IRIRecipe:
@@ -331,6 +365,12 @@ class IRIRecipe:
             raise ValueError(f"amp must be 'fast', 'auto', 'off' or 'bf16', got {self.amp!r}")
         if not 0 <= self.float32_steps:
             raise ValueError(f"float32_steps must be >= 0, got {self.float32_steps}")
+        if self.polyak is not None and not 0 < self.polyak <= 1:
+            raise ValueError(f"polyak must be in (0, 1] or None, got {self.polyak}")
+        if self.polyak_fronts not in ("affine", "all"):
+            raise ValueError(
+                f"polyak_fronts must be 'affine' or 'all', got {self.polyak_fronts!r}"
+            )
         if self.float32_below is not None and not self.float32_below > 0:
             raise ValueError(f"float32_below must be positive or None, got {self.float32_below}")
         if self.relu_grad not in ("exact", "straight_through", "surrogate", "smooth"):
@@ -404,7 +444,9 @@ class IRIRecipe:
         ``colour_basis`` when it is ``"rgb"``, ``stft_window`` when it is 0 and
         ``precondition`` when it is ``"none"``, ``float32_steps`` when it is 0 and
         ``float32_below`` when it is None (either when ``amp`` is ``"off"``, where they
-        change nothing). A set stored before these fields existed keeps its key."""
+        change nothing), ``polyak`` and ``polyak_fronts`` when there is no cap (None, as
+        :meth:`for_front` resolves it on a front that is not affine, or L-BFGS). A set
+        stored before these fields existed keeps its key."""
         d = self.as_dict()
         if d["relu_grad"] != "smooth":
             del d["relu_width"], d["relu_floor"]
@@ -434,6 +476,8 @@ class IRIRecipe:
             del d["float32_steps"]
         if d["float32_below"] is None or d["amp"] == "off":
             del d["float32_below"]
+        if d["polyak"] is None or d["optimizer"] == "lbfgs":  # no cap: as before the field
+            del d["polyak"], d["polyak_fronts"]
         return d
 
 
@@ -448,32 +492,38 @@ _ADAM_V1 = {"adam_beta2": 0.999, "drop_outward_momentum": False, "precondition":
 _AMP_V1 = {"amp": "auto", "float32_steps": 0, "float32_below": None}
 # the stop before the night of 2026-12-05: a converged sample also took that iteration's step
 _STOP_V1 = {"keep_converged": False}
+# every step its full size, as before the Polyak cap of affine fronts (2026-12-06)
+_CAP_V1 = {"polyak": None}
 
 PRESETS: dict[str, dict] = {
     "default": {},
     "paper": {
         "steps": 200, "step_size": 1 / 255, "final_step_size": None, "optimizer": "sign",
         "start": "noise", "tolerance": None, "relu_grad": "exact", **_ADAM_V1, **_AMP_V1,
-        **_STOP_V1,
+        **_STOP_V1, **_CAP_V1,
     },
     # the default from 2026-12-04 until the first-layer preconditioner (2026-12-05): Adam in
     # pixels; the pages of that time were made with it
-    "v3": {"steps": 180, "precondition": "none", "exact_relu_steps": 0, **_AMP_V1, **_STOP_V1},
+    "v3": {"steps": 180, "precondition": "none", "exact_relu_steps": 0, **_AMP_V1, **_STOP_V1,
+           **_CAP_V1},
     # the default of 2026-12-05 until bfloat16 where it is fast (the same evening): whitened
     # by the first convolution, 180 steps in float32 on a CPU
-    "v4": {"steps": 180, "exact_relu_steps": 0, **_AMP_V1, **_STOP_V1},
+    "v4": {"steps": 180, "exact_relu_steps": 0, **_AMP_V1, **_STOP_V1, **_CAP_V1},
     # the default of the late evening of 2026-12-05 (bfloat16 where fast, 270 steps) until
     # the exact inner-ReLU gradient of the last steps (that night): the smooth gradient to
     # the last step, and a converged sample's last step taken
-    "v5": {"exact_relu_steps": 0, **_STOP_V1},
+    "v5": {"exact_relu_steps": 0, **_STOP_V1, **_CAP_V1},
+    # the default from the night of 2026-12-05 until the Polyak cap of affine fronts
+    # (2026-12-06): every step its full size; the pages of 2026-12-06 were made with it
+    "v6": {**_CAP_V1},
     # stitchlab's default before December 2026 (docs/validation/iri_convergence.md): kept so
     # that the sets and pages made with it are reproduced exactly
     "v1": {"steps": 200, "step_size": 0.05, "final_step_size": 0.002,
-           "relu_grad": "straight_through", **_ADAM_V1, **_AMP_V1, **_STOP_V1},
+           "relu_grad": "straight_through", **_ADAM_V1, **_AMP_V1, **_STOP_V1, **_CAP_V1},
     # the default from early December 2026 to 2026-12-04 (surrogate inner ReLUs, Adam's
     # usual moments), with which the pages of that time were made
     "v2": {"steps": 200, "step_size": 0.1, "final_step_size": 0.01, "relu_grad": "surrogate",
-           "relu_slope": 0.1, **_ADAM_V1, **_AMP_V1, **_STOP_V1},
+           "relu_slope": 0.1, **_ADAM_V1, **_AMP_V1, **_STOP_V1, **_CAP_V1},
     # waveforms in [-1, 1]: a quiet Gaussian start (uniform noise over the box never
     # converges), 300 Adam steps of 0.003 decaying to 0.0001 (the image steps leave a log-mel
     # front 0.5-0.7 off), int16 storage (uint8 levels are 1/127 of full scale); since
@@ -483,14 +533,14 @@ PRESETS: dict[str, dict] = {
     "audio": {
         "steps": 300, "step_size": 0.003, "final_step_size": 0.0001, "start": "scaled_noise",
         "start_scale": 0.003, "box": (-1.0, 1.0), "precision": "int16", "stft_window": 256,
-        "precondition": "none", "exact_relu_steps": 0, **_AMP_V1, **_STOP_V1,
+        "precondition": "none", "exact_relu_steps": 0, **_AMP_V1, **_STOP_V1, **_CAP_V1,
     },
     # the audio preset up to 2026-12-05 (straight-through final ReLU, Adam's usual moments,
     # in samples), with which the earlier speech pages were made
     "audio-v1": {
         "steps": 300, "step_size": 0.003, "final_step_size": 0.0001, "start": "scaled_noise",
         "start_scale": 0.003, "box": (-1.0, 1.0), "precision": "int16",
-        "relu_grad": "straight_through", **_ADAM_V1, **_AMP_V1, **_STOP_V1,
+        "relu_grad": "straight_through", **_ADAM_V1, **_AMP_V1, **_STOP_V1, **_CAP_V1,
     },
 }  # fmt: skip
 
@@ -1297,6 +1347,7 @@ def _descend(front, x, target, target_norm, recipe: IRIRecipe, gen, memory_forma
         v = torch.zeros_like(x_adv) if coords is None else coords.zeros_like(x_adv)
     numel = x[0].numel()
     early = recipe.tolerance is not None
+    capped = recipe.caps_steps(front)  # each sample's step at most polyak x its Polyak step
     all_active = True
     # steps before this one run in bfloat16 (where the recipe uses it): all but the float32
     # tail, fewer once the batch's median error is below recipe.float32_below
@@ -1326,11 +1377,19 @@ def _descend(front, x, target, target_norm, recipe: IRIRecipe, gen, memory_forma
         with torch.no_grad():
             new = xa.detach()
             if recipe.optimizer == "sign":
-                new.add_(grad.sign_(), alpha=-alpha)
+                if capped:
+                    _polyak_update(new, grad.sign(), grad, err, recipe.polyak, alpha)
+                else:
+                    new.add_(grad.sign_(), alpha=-alpha)
             elif recipe.optimizer == "l2":  # per-sample L2 step of length alpha * sqrt(D)
                 norm = grad.flatten(1).norm(dim=1).clamp_min(1e-12)
-                scale = (alpha * math.sqrt(numel)) / norm
-                new.sub_(grad * scale.view(-1, *[1] * (grad.dim() - 1)))
+                if capped:
+                    unit = math.sqrt(numel) / norm
+                    step = grad * unit.view(-1, *[1] * (grad.dim() - 1))
+                    _polyak_update(new, step, grad, err, recipe.polyak, alpha)
+                else:
+                    scale = (alpha * math.sqrt(numel)) / norm
+                    new.sub_(grad * scale.view(-1, *[1] * (grad.dim() - 1)))
             else:  # Adam, in place on the moments (gathered copies once samples stopped)
                 mi = m if idx is None else m[idx]
                 vi = v if idx is None else v[idx]
@@ -1344,7 +1403,13 @@ def _descend(front, x, target, target_norm, recipe: IRIRecipe, gen, memory_forma
                 else:
                     coords.add_power_(vi, coords.analysis(grad), 1 - b2)
                 denom = (vi / (1 - b2 ** (t + 1))).sqrt_().add_(1e-8)
-                if coords is None:
+                if capped:  # the step of size 1, then each sample's size
+                    step = mi / denom if coords is None else coords.synthesis(
+                        coords.scale_(coords.analysis(mi), denom)
+                    )
+                    step.mul_(1 / (1 - 0.9 ** (t + 1)))
+                    _polyak_update(new, step, grad, err, recipe.polyak, alpha)
+                elif coords is None:
                     new.addcdiv_(mi, denom, value=-alpha / (1 - 0.9 ** (t + 1)))
                 else:  # the step in z, back to x
                     step = coords.synthesis(coords.scale_(coords.analysis(mi), denom))
@@ -1366,6 +1431,77 @@ def _descend(front, x, target, target_norm, recipe: IRIRecipe, gen, memory_forma
                 if not bool(active.any()):
                     break
     return x_adv.detach()
+
+
+def _polyak_update(
+    new: Tensor, step: Tensor, grad: Tensor, err: Tensor, fraction: float, alpha: float
+) -> None:
+    """``new -= eta * step`` in place, each sample's ``eta`` the step size ``alpha`` capped
+    at ``fraction`` x its Polyak step ``err / <grad, step>``: the size at which the
+    error's linearisation along ``step`` reaches the error's least value, 0 (the source
+    itself is an exact IRI). Where ``<grad, step>`` is not positive the step keeps
+    ``alpha``. ``step`` (a tensor of its own) is overwritten."""
+    dims = tuple(range(1, step.dim()))
+    slope = (grad * step).sum(dims)
+    size = (fraction * err / slope.clamp_min(1e-30)).clamp_max_(alpha)
+    size = torch.where(slope > 0, size, torch.full_like(size, alpha))
+    new.sub_(step.mul_(size.view(-1, *[1] * len(dims))))
+
+
+#: Modules that compute an affine map of their input (BatchNorm and dropout in eval mode;
+#: :func:`affine_front`).
+_AFFINE_MODULES = (
+    nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d,
+    nn.ConvTranspose3d, nn.Linear, nn.Identity, nn.Flatten, nn.Unflatten,
+    nn.AvgPool1d, nn.AvgPool2d, nn.AvgPool3d, nn.AdaptiveAvgPool1d, nn.AdaptiveAvgPool2d,
+    nn.AdaptiveAvgPool3d, nn.ZeroPad1d, nn.ZeroPad2d, nn.ZeroPad3d,
+)  # fmt: skip
+_EVAL_AFFINE_MODULES = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.Dropout,
+                        nn.Dropout1d, nn.Dropout2d, nn.Dropout3d)  # fmt: skip
+_AFFINE_METHODS = {"view", "reshape", "flatten", "permute", "transpose", "contiguous",
+                   "size", "add", "sub", "unsqueeze", "squeeze"}  # fmt: skip
+
+
+def _affine_module(module: nn.Module) -> bool:
+    if isinstance(module, _STReLUModule):
+        return True
+    if isinstance(module, _EVAL_AFFINE_MODULES):
+        return not module.training
+    return type(module) in _AFFINE_MODULES
+
+
+def affine_front(front: nn.Module) -> bool:
+    """Whether ``front`` (a recipe's front: traced, its final ReLU straight through where
+    the recipe says so) computes an affine map of its input up to that straight-through
+    final ReLU, whose gradient is the identity's: every node a convolution, linear layer,
+    eval-mode BatchNorm or dropout, average pooling, padding, a sum or difference of
+    such, or a reshape. Conservative: any other operation (another ReLU, a max pool, a
+    product, an unknown module) makes it False. There the descent's linearisation is
+    exact, so :meth:`IRIRecipe.caps_steps` caps its steps by default."""
+    import operator
+
+    import torch.fx as fx
+
+    functions = {operator.add, operator.sub, operator.neg, operator.getitem, torch.add,
+                 torch.sub, torch.flatten, torch.cat, getattr, straight_through_relu}  # fmt: skip
+    if isinstance(front, nn.Sequential) and not isinstance(front, fx.GraphModule):
+        return all(_affine_module(m) for m in front)
+    graphs = _front_graphs(front)
+    if not graphs:
+        return False
+    for gm in graphs:
+        for node in gm.graph.nodes:
+            if node.op in ("placeholder", "output", "get_attr"):
+                continue
+            if node.op == "call_module":
+                ok = _affine_module(gm.get_submodule(str(node.target)))
+            elif node.op == "call_function":
+                ok = node.target in functions
+            else:
+                ok = node.op == "call_method" and node.target in _AFFINE_METHODS
+            if not ok:
+                return False
+    return True
 
 
 def _dot(a: Tensor, b: Tensor) -> Tensor:

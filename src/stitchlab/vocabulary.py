@@ -111,8 +111,8 @@ def describe_iri_recipe(recipe: dict) -> str:
     stop = f"per-sample tolerance {tol:g}" if tol is not None else "no early stop"
     lo, hi = recipe["box"]
     steps = f"{recipe['steps']} {recipe['optimizer']} steps {size}"
+    extra = []
     if recipe["optimizer"] == "adam":  # fields added on 2026-12-04; absent: Adam as before
-        extra = []
         if recipe.get("adam_beta2", 0.999) != 0.999:
             extra.append(f"beta2 {recipe['adam_beta2']:g}")
         if recipe.get("drop_outward_momentum", False):
@@ -125,8 +125,13 @@ def describe_iri_recipe(recipe: dict) -> str:
             extra.append("whitened by the first convolution")
         elif recipe.get("precondition") == "auto":
             extra.append("whitened by the first convolution where the front starts with one")
-        if extra:
-            steps += f" ({', '.join(extra)})"
+    if recipe.get("polyak") is not None and recipe["optimizer"] != "lbfgs":  # 2026-12-06
+        where = {"affine": " on fronts affine up to the final ReLU", "all": ""}[
+            recipe.get("polyak_fronts", "affine")
+        ]
+        extra.append(f"each at most {recipe['polyak']:g} x its Polyak step{where}")
+    if extra:
+        steps += f" ({', '.join(extra)})"
     if recipe["optimizer"] == "lbfgs":  # per-sample L-BFGS: the sizes cap each step's RMS
         steps = (f"{recipe['steps']} per-sample L-BFGS steps (history {recipe['history']}, "
                  f"RMS step at most {size})")  # fmt: skip
