@@ -320,9 +320,15 @@ def _quality_rows(model, src, points, presets, repeats: int) -> list[dict]:
     return rows
 
 
-def time_to_quality(n: int = 128, seed: int = 0, repeats: int = 3) -> list[dict]:
-    """stitchlab's default recipe and its earlier defaults (presets "v1", "v3", "v4") against the
-    paper's (200 signed steps of 1/255) on a trained small CNN (generated shapes, 3 epochs):
+def time_to_quality(
+    n: int = 128,
+    seed: int = 0,
+    repeats: int = 3,
+    recipes: tuple[str, ...] = ("paper", "v1", "v3", "v4", "v6", "default"),
+) -> list[dict]:
+    """stitchlab's default recipe and its earlier defaults (presets "v1", "v3", "v4", "v6")
+    against the paper's (200 signed steps of 1/255; ``recipes``: the first is the baseline)
+    on a trained small CNN (generated shapes, 3 epochs):
     seconds and median relative error per point, and the time ratio. The recipes are
     run interleaved ``repeats`` times and each keeps its fastest run, so a burst of load on
     the machine does not land on one recipe only (the errors are the same every time)."""
@@ -333,8 +339,7 @@ def time_to_quality(n: int = 128, seed: int = 0, repeats: int = 3) -> list[dict]
     model = models.create("small_cnn", width=16)
     train_classifier(model, (x, y), epochs=3, seed=seed)
     model.eval()
-    return _quality_rows(model, x[:n], sl.stitch_points(model),
-                         ("paper", "v1", "v3", "v4", "default"), repeats)  # fmt: skip
+    return _quality_rows(model, x[:n], sl.stitch_points(model), recipes, repeats)
 
 
 def time_to_quality_stored(
@@ -379,17 +384,20 @@ def main() -> None:
     ap.add_argument("--front", default="back", help="with --config: the front model")
     ap.add_argument("--points", default="layer2.1,layer3.1,layer4.1", help="with --config")
     ap.add_argument("--n", type=int, default=64, help="with --config: IRIs per point")
-    ap.add_argument("--recipes", default="paper,default",
-                    help=f"with --config: recipes, the first the baseline ({', '.join(RECIPES)})")
+    ap.add_argument("--recipes", default=None,
+                    help="with --config (default paper,default) or --tables quality (default "
+                    f"paper,v1,v3,v4,v6,default): recipes, the first the baseline "
+                    f"({', '.join(RECIPES)})")  # fmt: skip
     args = ap.parse_args()
+    if args.recipes is not None:
+        unknown = sorted(set(args.recipes.split(",")) - set(RECIPES))
+        if unknown:
+            raise SystemExit(f"unknown recipe(s) {unknown}; the names are {list(RECIPES)}")
     if args.config:
         from stitchlab.report import markdown_table
 
         torch.set_num_threads(args.threads)
-        recipes = tuple(args.recipes.split(","))
-        unknown = sorted(set(recipes) - set(RECIPES))
-        if unknown:
-            raise SystemExit(f"unknown recipe(s) {unknown}; the names are {list(RECIPES)}")
+        recipes = tuple((args.recipes or "paper,default").split(","))
         print(f"Time to quality: {', '.join(recipes[1:])} against {recipes[0]}, {args.front} "
               f"of {args.config}, {args.n} IRIs, {args.threads} threads, fastest of "
               f"{args.repeats} interleaved runs")  # fmt: skip
@@ -427,11 +435,14 @@ def main() -> None:
         )
         print(markdown_table(measure_iris(args.width, args.batch, args.steps)))
     if args.tables in ("both", "quality"):
+        recipes = tuple(args.recipes.split(",")) if args.recipes else None
         print(
-            "\nTime to quality: default and v1 recipes against the paper's, small CNN, 128 "
-            f"IRIs, fastest of {args.repeats} interleaved runs"
+            f"\nTime to quality: {', '.join(recipes[1:]) if recipes else 'v1, v3, v4, v6, default'}"
+            f" against {recipes[0] if recipes else 'paper'}, small CNN, 128 IRIs, fastest of "
+            f"{args.repeats} interleaved runs"
         )
-        print(markdown_table(time_to_quality(repeats=args.repeats)))
+        kw = {"recipes": recipes} if recipes else {}
+        print(markdown_table(time_to_quality(repeats=args.repeats, **kw)))
 
 
 if __name__ == "__main__":

@@ -114,9 +114,9 @@ class IRIRecipe:
     norm, so Adam's step keeps about the step size's length up to the solution, and at a
     point where the IRI is the image (experiment A's relu) samples circle the image until
     the schedule has shrunk the step to about twice the tolerance. There the linearisation
-    is exact, and the cap takes samples to the tolerance in about half the steps: 0.6-0.7x
-    the paper recipe's time at A's relu, against 1.0-1.8x uncapped. Past an inner ReLU it
-    is not exact, and capping there raised the error 8-12% at layer1.1
+    is exact, and the cap takes samples to the tolerance sooner: 0.56-0.75x the paper
+    recipe's time at A's relu, against 0.98-1.69x uncapped. Past an inner ReLU it is not
+    exact, and capping there raised the error 11-17% at layer1.1 and 20-26% at layer4.1
     (docs/validation/iri_convergence.md, "The Polyak cap on affine fronts").
 
     ``amp`` is the arithmetic of the steps: ``"fast"`` (the default) runs them under
