@@ -7,7 +7,14 @@ import pytest
 import torch
 from torch import nn
 
-from stitchlab.iris import IRIRecipe, _recipe_front, affine_front, generate_iris
+from stitchlab.iris import (
+    AFFINE_RULE,
+    IRIRecipe,
+    _recipe_front,
+    _STReLUModule,
+    affine_front,
+    generate_iris,
+)
 
 
 def _doubler() -> nn.Sequential:
@@ -26,10 +33,11 @@ def _path(steps: int, **kw) -> float:
     return float(generate_iris(_doubler(), "0", torch.tensor([[0.3]]), steps=steps, **kw).iris)
 
 
-@pytest.mark.parametrize("optimizer", ["adam", "sign"])
+@pytest.mark.parametrize("optimizer", ["adam", "sign", "l2"])
 def test_capped_steps_close_a_fixed_fraction_of_the_distance(optimizer):
     """By hand: the error is |2x - 0.6| / 0.6, its gradient 2 / 0.6 in size, the step's
-    direction +1 (Adam's first moment over its root second moment; the sign), so the
+    direction +1 (Adam's first moment over its root second moment; the sign; the gradient
+    over its norm, on one pixel), so the
     Polyak step is err / slope = (2 d / 0.6) / (2 / 0.6) = d, the distance d to the source.
     A cap of 0.3 of it moves 0.3 d while that is below 0.1: d_k = 0.2 x 0.7^k. Full
     steps of 0.1 go 0.5 -> 0.4 -> 0.3; a cap of 1 on steps of 0.5 lands on the source in
@@ -43,6 +51,20 @@ def test_capped_steps_close_a_fixed_fraction_of_the_distance(optimizer):
         0.3, abs=1e-6
     )
     assert _path(1, optimizer=optimizer, polyak=1.0) == pytest.approx(0.4, abs=1e-6)
+
+
+@pytest.mark.parametrize("optimizer", ["adam", "sign"])
+def test_capped_samples_stop_at_the_tolerance_on_their_own(optimizer):
+    """Two pixels, sources 0.3 and 0.45 (targets 0.6, 0.9), both from 0.5, cap 0.3,
+    tolerance 0.05: by hand d_k = d_0 x 0.7^k and err_k = 2 d_k / target. The second
+    (err_3 = 0.1 x 0.343 / 0.9 = 0.038) stops after 3 steps and keeps that iterate; the
+    first runs on alone (the gathered path) to err_8 = 0.0384 (err_7 = 0.055)."""
+    kw = {"final_step_size": None, "step_size": 0.1, "tolerance": 0.05,
+          "start": "scaled_noise", "start_scale": 1e-9, "precision": "float32",
+          "relu_grad": "exact", "optimizer": optimizer, "polyak": 0.3}  # fmt: skip
+    got = generate_iris(_doubler(), "0", torch.tensor([[0.3], [0.45]]), steps=20, **kw)
+    want = torch.tensor([0.3 + 0.2 * 0.7**8, 0.45 + 0.05 * 0.7**3])
+    torch.testing.assert_close(got.iris.view(-1), want, rtol=0, atol=1e-6)
 
 
 def test_the_cap_never_lengthens_a_step():
@@ -86,6 +108,29 @@ def test_affine_fronts_are_found_and_only_they_are_capped(point, inner, relu_gra
     assert IRIRecipe.from_kwargs(polyak_fronts="all").caps_steps(front)
 
 
+class _Squared(nn.BatchNorm2d):
+    def forward(self, x):  # not what a BatchNorm computes
+        return x * x
+
+
+@pytest.mark.parametrize(
+    "layers",
+    [
+        [nn.BatchNorm2d(3, track_running_stats=False)],  # normalises by the batch
+        [_Squared(3)],  # a subclass with its own forward
+        [nn.Conv2d(3, 3, 1), _STReLUModule(), nn.Conv2d(3, 3, 1)],  # a ReLU inside
+        [nn.Conv2d(3, 3, 1), nn.ReLU()],  # an exact ReLU
+    ],
+)
+def test_what_is_not_affine(layers):
+    assert not affine_front(nn.Sequential(*layers).eval())
+    stem = nn.Sequential(nn.Conv2d(3, 3, 1), nn.BatchNorm2d(3), _STReLUModule())
+    assert affine_front(stem.eval())
+    hooked = nn.Conv2d(3, 3, 1)
+    hooked.register_forward_hook(lambda m, i, o: o * o)
+    assert not affine_front(nn.Sequential(hooked).eval())
+
+
 def test_uncapped_fronts_run_as_before():
     """On a front that is not affine the default's IRIs are v6's, bit for bit."""
     torch.manual_seed(0)
@@ -105,6 +150,7 @@ def test_polyak_options_are_checked_and_described():
     assert "polyak" not in IRIRecipe(optimizer="lbfgs").key_dict()
     assert "polyak" not in IRIRecipe.paper().key_dict()
     d = IRIRecipe().key_dict()
-    assert (d["polyak"], d["polyak_fronts"]) == (0.3, "affine")
+    assert (d["polyak"], d["polyak_fronts"], d["affine_rule"]) == (0.3, "affine", AFFINE_RULE)
+    assert "affine_rule" not in IRIRecipe(polyak_fronts="all").key_dict()
     assert "Polyak step" in IRIRecipe().describe()
     assert "Polyak" not in IRIRecipe.from_kwargs(preset="v6").describe()

@@ -103,7 +103,7 @@ class IRIRecipe:
     2026-12-05; the smooth gradient to the last step, and a sample that met the tolerance
     also took that iteration's step), ``preset="v6"`` the default from then until the
     Polyak cap (2026-12-06; every step its full size; on a front that is not affine it is
-    the default, bit for bit and key for key).
+    the default, bit for bit, and its IRI sets have the same keys).
 
     ``polyak`` caps each sample's step at that fraction of its Polyak step ``err /
     <grad, step>``: the size at which the error's linearisation along the step reaches 0,
@@ -445,8 +445,9 @@ class IRIRecipe:
         ``precondition`` when it is ``"none"``, ``float32_steps`` when it is 0 and
         ``float32_below`` when it is None (either when ``amp`` is ``"off"``, where they
         change nothing), ``polyak`` and ``polyak_fronts`` when there is no cap (None, as
-        :meth:`for_front` resolves it on a front that is not affine, or L-BFGS). A set
-        stored before these fields existed keeps its key."""
+        :meth:`for_front` resolves it on a front that is not affine, or L-BFGS); a cap on
+        affine fronts adds ``affine_rule`` (:data:`AFFINE_RULE`). A set stored before these
+        fields existed keeps its key."""
         d = self.as_dict()
         if d["relu_grad"] != "smooth":
             del d["relu_width"], d["relu_floor"]
@@ -478,6 +479,8 @@ class IRIRecipe:
             del d["float32_below"]
         if d["polyak"] is None or d["optimizer"] == "lbfgs":  # no cap: as before the field
             del d["polyak"], d["polyak_fronts"]
+        elif d["polyak_fronts"] == "affine":
+            d["affine_rule"] = AFFINE_RULE
         return d
 
 
@@ -1448,8 +1451,13 @@ def _polyak_update(
     new.sub_(step.mul_(size.view(-1, *[1] * len(dims))))
 
 
-#: Modules that compute an affine map of their input (BatchNorm and dropout in eval mode;
-#: :func:`affine_front`).
+#: The version of :func:`affine_front`'s rule, in the keys of capped recipes
+#: (:meth:`IRIRecipe.key_dict`): bump it when the rule changes, so that an experiment's
+#: stitch runs (keyed by the unresolved recipe) are not reused for other IRIs.
+AFFINE_RULE = 1
+
+#: Modules that compute an affine map of their input (BatchNorm with running statistics
+#: and dropout, in eval mode; :func:`affine_front`).
 _AFFINE_MODULES = (
     nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d,
     nn.ConvTranspose3d, nn.Linear, nn.Identity, nn.Flatten, nn.Unflatten,
@@ -1463,9 +1471,15 @@ _AFFINE_METHODS = {"view", "reshape", "flatten", "permute", "transpose", "contig
 
 
 def _affine_module(module: nn.Module) -> bool:
-    if isinstance(module, _STReLUModule):
-        return True
-    if isinstance(module, _EVAL_AFFINE_MODULES):
+    """Whether ``module`` (exactly one of the listed classes, no forward hooks) computes an
+    affine map of its input."""
+    if getattr(module, "_forward_hooks", None) or getattr(module, "_forward_pre_hooks", None):
+        return False  # a hook may change the output
+    if type(module) in _EVAL_AFFINE_MODULES:
+        if isinstance(module, nn.modules.batchnorm._BatchNorm) and (
+            not module.track_running_stats or module.running_mean is None
+        ):
+            return False  # normalises by the batch even in eval mode
         return not module.training
     return type(module) in _AFFINE_MODULES
 
@@ -1474,18 +1488,22 @@ def affine_front(front: nn.Module) -> bool:
     """Whether ``front`` (a recipe's front: traced, its final ReLU straight through where
     the recipe says so) computes an affine map of its input up to that straight-through
     final ReLU, whose gradient is the identity's: every node a convolution, linear layer,
-    eval-mode BatchNorm or dropout, average pooling, padding, a sum or difference of
-    such, or a reshape. Conservative: any other operation (another ReLU, a max pool, a
-    product, an unknown module) makes it False. There the descent's linearisation is
-    exact, so :meth:`IRIRecipe.caps_steps` caps its steps by default."""
+    eval-mode BatchNorm with running statistics or dropout, average pooling, padding
+    (modules of exactly these classes, without forward hooks), a sum, difference,
+    negation, concatenation or indexing of such, or a reshape. Conservative: any other
+    operation (an inner ReLU, straight-through or not, a max pool, a product, an unknown
+    module) makes it False. There the descent's linearisation is exact, so
+    :meth:`IRIRecipe.caps_steps` caps its steps by default."""
     import operator
 
     import torch.fx as fx
 
-    functions = {operator.add, operator.sub, operator.neg, operator.getitem, torch.add,
-                 torch.sub, torch.flatten, torch.cat, getattr, straight_through_relu}  # fmt: skip
+    functions = (operator.add, operator.sub, operator.neg, operator.getitem, torch.add,
+                 torch.sub, torch.flatten, torch.cat, getattr)  # fmt: skip
     if isinstance(front, nn.Sequential) and not isinstance(front, fx.GraphModule):
-        return all(_affine_module(m) for m in front)
+        mods = list(front)
+        last_st = bool(mods) and type(mods[-1]) is _STReLUModule
+        return all(_affine_module(m) for m in (mods[:-1] if last_st else mods))
     graphs = _front_graphs(front)
     if not graphs:
         return False
@@ -1493,10 +1511,14 @@ def affine_front(front: nn.Module) -> bool:
         for node in gm.graph.nodes:
             if node.op in ("placeholder", "output", "get_attr"):
                 continue
+            final = [u.op for u in node.users] == ["output"]  # the front's output alone
             if node.op == "call_module":
-                ok = _affine_module(gm.get_submodule(str(node.target)))
+                module = gm.get_submodule(str(node.target))
+                ok = _affine_module(module) or (final and type(module) is _STReLUModule)
             elif node.op == "call_function":
-                ok = node.target in functions
+                ok = any(node.target is f for f in functions) or (
+                    final and node.target is straight_through_relu
+                )
             else:
                 ok = node.op == "call_method" and node.target in _AFFINE_METHODS
             if not ok:

@@ -126,9 +126,9 @@ def describe_iri_recipe(recipe: dict) -> str:
         elif recipe.get("precondition") == "auto":
             extra.append("whitened by the first convolution where the front starts with one")
     if recipe.get("polyak") is not None and recipe["optimizer"] != "lbfgs":  # 2026-12-06
-        where = {"affine": " on fronts affine up to the final ReLU", "all": ""}[
-            recipe.get("polyak_fronts", "affine")
-        ]
+        where = {"affine": " on fronts affine up to the final ReLU", "all": ""}.get(
+            recipe.get("polyak_fronts", "affine"), ""
+        )
         extra.append(f"each at most {recipe['polyak']:g} x its Polyak step{where}")
     if extra:
         steps += f" ({', '.join(extra)})"
