@@ -320,11 +320,12 @@ def _quality_rows(model, src, points, presets, repeats: int) -> list[dict]:
     return rows
 
 
+#: The recipes of the small CNN's time-to-quality table (the first is the baseline).
+QUALITY_RECIPES = ("paper", "v1", "v3", "v4", "v6", "default")
+
+
 def time_to_quality(
-    n: int = 128,
-    seed: int = 0,
-    repeats: int = 3,
-    recipes: tuple[str, ...] = ("paper", "v1", "v3", "v4", "v6", "default"),
+    n: int = 128, seed: int = 0, repeats: int = 3, recipes: tuple[str, ...] = QUALITY_RECIPES
 ) -> list[dict]:
     """stitchlab's default recipe and its earlier defaults (presets "v1", "v3", "v4", "v6")
     against the paper's (200 signed steps of 1/255; ``recipes``: the first is the baseline)
@@ -386,7 +387,7 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=64, help="with --config: IRIs per point")
     ap.add_argument("--recipes", default=None,
                     help="with --config (default paper,default) or --tables quality (default "
-                    f"paper,v1,v3,v4,v6,default): recipes, the first the baseline "
+                    f"{','.join(QUALITY_RECIPES)}): recipes, the first the baseline "
                     f"({', '.join(RECIPES)})")  # fmt: skip
     args = ap.parse_args()
     if args.recipes is not None:
@@ -435,14 +436,12 @@ def main() -> None:
         )
         print(markdown_table(measure_iris(args.width, args.batch, args.steps)))
     if args.tables in ("both", "quality"):
-        recipes = tuple(args.recipes.split(",")) if args.recipes else None
+        recipes = tuple(args.recipes.split(",")) if args.recipes else QUALITY_RECIPES
         print(
-            f"\nTime to quality: {', '.join(recipes[1:]) if recipes else 'v1, v3, v4, v6, default'}"
-            f" against {recipes[0] if recipes else 'paper'}, small CNN, 128 IRIs, fastest of "
-            f"{args.repeats} interleaved runs"
+            f"\nTime to quality: {', '.join(recipes[1:])} against {recipes[0]}, small CNN, "
+            f"128 IRIs, fastest of {args.repeats} interleaved runs"
         )
-        kw = {"recipes": recipes} if recipes else {}
-        print(markdown_table(time_to_quality(repeats=args.repeats, **kw)))
+        print(markdown_table(time_to_quality(repeats=args.repeats, recipes=recipes)))
 
 
 if __name__ == "__main__":

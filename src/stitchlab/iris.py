@@ -38,7 +38,7 @@ from torch import Tensor, nn
 from torch.nn.utils.fusion import fuse_conv_bn_weights
 from torch.utils.data import Dataset
 
-from ._batchnorm import folded
+from ._batchnorm import _hooked, folded
 from ._data import DataLike, _module_device, as_dataset, batches, check_images, check_options
 from ._memory_format import memory_format_for
 from .splitting import split
@@ -1406,16 +1406,16 @@ def _descend(front, x, target, target_norm, recipe: IRIRecipe, gen, memory_forma
                 else:
                     coords.add_power_(vi, coords.analysis(grad), 1 - b2)
                 denom = (vi / (1 - b2 ** (t + 1))).sqrt_().add_(1e-8)
+                # the step in z, back to x (in pixels: mi / denom, formed only if capped)
+                step = None if coords is None else coords.synthesis(
+                    coords.scale_(coords.analysis(mi), denom)
+                )  # fmt: skip
                 if capped:  # the step of size 1, then each sample's size
-                    step = mi / denom if coords is None else coords.synthesis(
-                        coords.scale_(coords.analysis(mi), denom)
-                    )
-                    step.mul_(1 / (1 - 0.9 ** (t + 1)))
+                    step = (mi / denom if step is None else step).mul_(1 / (1 - 0.9 ** (t + 1)))
                     _polyak_update(new, step, grad, err, recipe.polyak, alpha)
-                elif coords is None:
+                elif step is None:
                     new.addcdiv_(mi, denom, value=-alpha / (1 - 0.9 ** (t + 1)))
-                else:  # the step in z, back to x
-                    step = coords.synthesis(coords.scale_(coords.analysis(mi), denom))
+                else:
                     new.sub_(step, alpha=alpha / (1 - 0.9 ** (t + 1)))
                 if recipe.drop_outward_momentum:  # no momentum pushing a pixel out of the box
                     mi.masked_fill_((new < lo) | (new > hi), 0.0)
@@ -1447,7 +1447,7 @@ def _polyak_update(
     dims = tuple(range(1, step.dim()))
     slope = (grad * step).sum(dims)
     size = (fraction * err / slope.clamp_min(1e-30)).clamp_max_(alpha)
-    size = torch.where(slope > 0, size, torch.full_like(size, alpha))
+    size.masked_fill_(~(slope > 0), alpha)
     new.sub_(step.mul_(size.view(-1, *[1] * len(dims))))
 
 
@@ -1471,10 +1471,10 @@ _AFFINE_METHODS = {"view", "reshape", "flatten", "permute", "transpose", "contig
 
 
 def _affine_module(module: nn.Module) -> bool:
-    """Whether ``module`` (exactly one of the listed classes, no forward hooks) computes an
-    affine map of its input."""
-    if getattr(module, "_forward_hooks", None) or getattr(module, "_forward_pre_hooks", None):
-        return False  # a hook may change the output
+    """Whether ``module`` (exactly one of the listed classes, no hooks) computes an affine
+    map of its input."""
+    if _hooked(module):
+        return False  # a hook may change the output or its gradient
     if type(module) in _EVAL_AFFINE_MODULES:
         if isinstance(module, nn.modules.batchnorm._BatchNorm) and (
             not module.track_running_stats or module.running_mean is None
@@ -1489,7 +1489,7 @@ def affine_front(front: nn.Module) -> bool:
     the recipe says so) computes an affine map of its input up to that straight-through
     final ReLU, whose gradient is the identity's: every node a convolution, linear layer,
     eval-mode BatchNorm with running statistics or dropout, average pooling, padding
-    (modules of exactly these classes, without forward hooks), a sum, difference,
+    (modules of exactly these classes, without hooks), a sum, difference,
     negation, concatenation or indexing of such, or a reshape. Conservative: any other
     operation (an inner ReLU, straight-through or not, a max pool, a product, an unknown
     module) makes it False. There the descent's linearisation is exact, so
