@@ -18,9 +18,12 @@ recipe on a trained small CNN: seconds and median error, same run.
     python benchmarks/iris.py --tables amp      # bfloat16 autocast against float32
     python benchmarks/iris.py --tables fold     # BatchNorm folded into the convs, or not
     python benchmarks/iris.py --config CONFIG --store STORE --front seed1 [--repeats 2]
+    python benchmarks/iris.py --tables budget [--config CONFIG --store STORE --front F]
 
 The second form times the paper's recipe against the default on a trained front of an
 experiment's store (its data must be on disk: e.g. experiment A's CPU-size ResNet-18s).
+The third prices the default's phases per step against the paper recipe's step, on the
+small CNN or a stored front, with the bfloat16 error floor at each point.
 """
 
 from __future__ import annotations
@@ -333,14 +336,20 @@ def time_to_quality(
     seconds and median relative error per point, and the time ratio. The recipes are
     run interleaved ``repeats`` times and each keeps its fastest run, so a burst of load on
     the machine does not land on one recipe only (the errors are the same every time)."""
+    model, x = _small_cnn(seed)
+    return _quality_rows(model, x[:n], sl.stitch_points(model), recipes, repeats)
+
+
+def _small_cnn(seed: int = 0) -> tuple[torch.nn.Module, torch.Tensor]:
+    """The small CNN of the time-to-quality table (width 16, 3 epochs on 2,000 generated
+    shapes, eval mode) and its training images."""
     from stitchlab.train import train_classifier
 
     torch.manual_seed(seed)
     x, y = shapes(2000, seed=seed)
     model = models.create("small_cnn", width=16)
     train_classifier(model, (x, y), epochs=3, seed=seed)
-    model.eval()
-    return _quality_rows(model, x[:n], sl.stitch_points(model), recipes, repeats)
+    return model.eval(), x
 
 
 def time_to_quality_stored(
@@ -351,6 +360,15 @@ def time_to_quality_stored(
     front of an experiment's store (e.g. experiment A's ResNet-18s), on its first ``n``
     stitching images with the model's marker (as its IRIs are made). Needs the config's
     data."""
+    model, src = stored_front(config, store, front, n)
+    return _quality_rows(model, src, points, recipes, repeats)
+
+
+def stored_front(
+    config: str, store: str, front: str, n: int
+) -> tuple[torch.nn.Module, torch.Tensor]:
+    """A trained model of an experiment's store (eval mode) and its first ``n`` stitching
+    images with the model's marker, as its IRIs are made. Needs the config's data."""
     from pathlib import Path
 
     from stitchlab.experiments import load_config, with_fingerprints
@@ -360,8 +378,94 @@ def time_to_quality_stored(
     raw = with_fingerprints(load_config(config).raw)
     model = load_model(raw, Path(store), front).eval()
     data = stitch_data(raw, raw["models"][front]["marker"])
-    src = torch.stack([data[i][0] for i in range(n)])
-    return _quality_rows(model, src, points, recipes, repeats)
+    return model, torch.stack([data[i][0] for i in range(n)])
+
+
+#: The per-step variants of :func:`step_budget`: (bfloat16, exact inner ReLUs, whitened).
+_PHASES = {
+    "smooth bf16": (True, False, True), "exact bf16": (True, True, True),
+    "smooth float32": (False, False, True), "exact float32": (False, True, True),
+    "smooth in pixels": (None, False, False),  # the precision of the first step
+}  # fmt: skip
+
+
+def _per_step_ms(model, point, src, kw: dict, repeats: int) -> float:
+    """Milliseconds per step of ``generate_iris(..., **kw)`` on ``src`` without early stop:
+    (120 steps - 20 steps) / 100, each the fastest of ``repeats`` runs, so the set-up and
+    the measurement of the IRIs cancel."""
+    sec = {}
+    for _ in range(repeats):
+        for n in (20, 120):
+            t0 = time.perf_counter()
+            generate_iris(model, point, src, **{**kw, "steps": n})
+            sec[n] = min(sec.get(n, math.inf), time.perf_counter() - t0)
+    return (sec[120] - sec[20]) / 100 * 1e3
+
+
+def bf16_floor(model, point, src) -> tuple[float, float]:
+    """Median relative error of the sources' own representations at ``point`` as a
+    bfloat16 step computes them (the front as IRIs are made: BatchNorm folded, its memory
+    format) against float32, and of float32 representations of the sources' pixels rounded
+    to bfloat16 (the input's rounding alone): an IRI step in bfloat16 cannot see errors
+    below the first."""
+    from stitchlab.iris import IRIRecipe, _per_sample_error, _recipe_front
+
+    front = _recipe_front(model, point, (), None, IRIRecipe())
+    front, _ = folded(front, src[:2])
+    x = src.contiguous(memory_format=memory_format_for(front, src[:2]))
+    with torch.no_grad():
+        target = front(x).float()
+        with torch.autocast(x.device.type, dtype=torch.bfloat16):
+            low = front(x)
+        rounded = front(x.bfloat16().float())
+    return (float(_per_sample_error(low, target).median()),
+            float(_per_sample_error(rounded, target).median()))  # fmt: skip
+
+
+def step_budget(model, src, points, repeats: int = 2) -> list[dict]:
+    """Where the default recipe's time goes, per point: milliseconds per step of each of
+    its phases (bfloat16 or float32 steps, smooth or exact inner-ReLU gradient, whitened;
+    and its first step's kind in pixels, for the whitening's cost), and of the paper
+    recipe's step (the baseline); the steps each phase takes in the default (where bfloat16
+    is fast on this machine), so the default's time with no sample stopping early against
+    the paper recipe's 200 steps; and the bfloat16 error floor (:func:`bf16_floor`)."""
+    from stitchlab.iris import IRIRecipe, uses_bf16
+
+    rec = IRIRecipe()
+    bf16 = uses_bf16(rec, src.device)
+    counts = dict.fromkeys(_PHASES, 0)
+    first = f"smooth {'bf16' if bf16 else 'float32'}"
+    for t in range(rec.steps):
+        low = bf16 and t < rec.steps - rec.float32_steps
+        exact = t >= rec.steps - rec.exact_relu_steps
+        counts[f"{'exact' if exact else 'smooth'} {'bf16' if low else 'float32'}"] += 1
+    paper = IRIRecipe.paper()
+    rows = []
+    for point in points:
+        generate_iris(model, point, src[:8], steps=2)  # warm-up
+        ms = {"paper": _per_step_ms(model, point, src, {"preset": "paper"}, repeats)}
+        for name, (low, exact, whiten) in _PHASES.items():
+            if name != "smooth in pixels" and not counts[name]:
+                continue
+            low = bf16 if low is None else low
+            kw = {"tolerance": None, "float32_below": None, "float32_steps": 0,
+                  "amp": "bf16" if low else "off", "exact_relu_steps": 10**6 if exact else 0,
+                  "precondition": "auto" if whiten else "none"}  # fmt: skip
+            ms[name] = _per_step_ms(model, point, src, kw, repeats)
+        default_s = sum(ms[k] * c for k, c in counts.items() if c) / 1e3
+        paper_s = ms["paper"] * paper.steps / 1e3
+        floor, rounding = bf16_floor(model, point, src)
+        row = {"point": point, "paper ms/step": f"{ms['paper']:.2f}"}
+        for k, c in counts.items():
+            if c:
+                row[f"{k} ms/step (x{c})"] = f"{ms[k]:.2f}"
+        row["whitening ms/step"] = f"{ms[first] - ms['smooth in pixels']:.2f}"
+        row["default s, no early stop"] = f"{default_s:.2f}"
+        row[f"paper s ({paper.steps} steps)"] = f"{paper_s:.2f}"
+        row["ratio"] = f"{default_s / paper_s:.2f}x"
+        row["bf16 floor (input rounding alone)"] = f"{floor:.4f} ({rounding:.4f})"
+        rows.append(row)
+    return rows
 
 
 def main() -> None:
@@ -374,11 +478,13 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=3, help="time-to-quality runs per recipe")
     ap.add_argument(
-        "--tables", choices=("both", "released", "quality", "memory", "amp", "fold", "pairs"),
+        "--tables",
+        choices=("both", "released", "quality", "memory", "amp", "fold", "pairs", "budget"),
         default="both",
         help="released-loop table, time-to-quality table, both, the memory-format table, "
         "bfloat16 autocast against float32, BatchNorm folded against as it is, or "
-        "L-BFGS's compact pairs against the two-loop recursion",
+        "L-BFGS's compact pairs against the two-loop recursion, or the default's time per "
+        "step and phase against the paper recipe's (budget; with --config on a stored front)",
     )  # fmt: skip
     ap.add_argument("--config", help="time to quality on a stored front of this experiment")
     ap.add_argument("--store", help="with --config: its store")
@@ -394,6 +500,20 @@ def main() -> None:
         unknown = sorted(set(args.recipes.split(",")) - set(RECIPES))
         if unknown:
             raise SystemExit(f"unknown recipe(s) {unknown}; the names are {list(RECIPES)}")
+    if args.tables == "budget":
+        from stitchlab.report import markdown_table
+
+        torch.set_num_threads(args.threads)
+        if args.config:
+            model, src = stored_front(args.config, args.store, args.front, args.n)
+            where, points = f"{args.front} of {args.config}, {args.n}", args.points.split(",")
+        else:
+            model, x = _small_cnn()
+            src, where, points = x[:128], "small CNN, 128", sl.stitch_points(model)
+        print(f"The default's time per step and phase against the paper recipe's: {where} "
+              f"images, {args.threads} threads, fastest of {args.repeats} runs")  # fmt: skip
+        print(markdown_table(step_budget(model, src, points, args.repeats)))
+        return
     if args.config:
         from stitchlab.report import markdown_table
 
