@@ -72,13 +72,21 @@ def released_loop(front_model, back_model, point, x, steps, step_size, seed):
     return time.perf_counter() - start, x_adv.detach()
 
 
+def _as_made(front: torch.nn.Module, x: torch.Tensor) -> tuple[torch.nn.Module, torch.Tensor]:
+    """``front`` as stitchlab runs it for IRIs of ``x``: eval-mode BatchNorm folded into the
+    convolutions (stitchlab._batchnorm), and ``x`` in the memory layout it chose for that
+    front (channels-last on the CPU, stitchlab._memory_format)."""
+    front, _ = folded(front, x)
+    return front, x.contiguous(memory_format=memory_format_for(front, x))
+
+
 def prefix_limit(model, point, x, steps):
     """Seconds of ``steps`` forward+backward passes of the prefix alone, as stitchlab runs
     it: eval-mode BatchNorm folded into the convolutions (stitchlab._batchnorm), in
     channels-last memory layout on the CPU (stitchlab._memory_format)."""
     front = copy.deepcopy(sl.split(model, point)[0]).eval().requires_grad_(False)
-    front, _ = folded(front, x)
-    xa = x.clone().contiguous(memory_format=memory_format_for(front, x)).requires_grad_(True)
+    front, xa = _as_made(front, x)
+    xa = xa.clone().requires_grad_(True)
     with torch.no_grad():
         grad_out = torch.randn_like(front(x))
     start = time.perf_counter()
@@ -381,38 +389,15 @@ def stored_front(
     return model, torch.stack([data[i][0] for i in range(n)])
 
 
-#: The per-step variants of :func:`step_budget`: (bfloat16, exact inner ReLUs, whitened).
-_PHASES = {
-    "smooth bf16": (True, False, True), "exact bf16": (True, True, True),
-    "smooth float32": (False, False, True), "exact float32": (False, True, True),
-    "smooth in pixels": (None, False, False),  # the precision of the first step
-}  # fmt: skip
-
-
-def _per_step_ms(model, point, src, kw: dict, repeats: int) -> float:
-    """Milliseconds per step of ``generate_iris(..., **kw)`` on ``src`` without early stop:
-    (120 steps - 20 steps) / 100, each the fastest of ``repeats`` runs, so the set-up and
-    the measurement of the IRIs cancel."""
-    sec = {}
-    for _ in range(repeats):
-        for n in (20, 120):
-            t0 = time.perf_counter()
-            generate_iris(model, point, src, **{**kw, "steps": n})
-            sec[n] = min(sec.get(n, math.inf), time.perf_counter() - t0)
-    return (sec[120] - sec[20]) / 100 * 1e3
-
-
 def bf16_floor(model, point, src) -> tuple[float, float]:
     """Median relative error of the sources' own representations at ``point`` as a
-    bfloat16 step computes them (the front as IRIs are made: BatchNorm folded, its memory
-    format) against float32, and of float32 representations of the sources' pixels rounded
-    to bfloat16 (the input's rounding alone): an IRI step in bfloat16 cannot see errors
-    below the first."""
+    bfloat16 step computes them (the front as IRIs are made) against float32, and of float32
+    representations of the sources' pixels rounded to bfloat16 (the input's rounding
+    alone): errors that a bfloat16 step measures are inflated by about the first. (Where
+    bfloat16 is not fast, the default's steps run float32 and this floor does not apply.)"""
     from stitchlab.iris import IRIRecipe, _per_sample_error, _recipe_front
 
-    front = _recipe_front(model, point, (), None, IRIRecipe())
-    front, _ = folded(front, src[:2])
-    x = src.contiguous(memory_format=memory_format_for(front, src[:2]))
+    front, x = _as_made(_recipe_front(model, point, (), None, IRIRecipe()), src)
     with torch.no_grad():
         target = front(x).float()
         with torch.autocast(x.device.type, dtype=torch.bfloat16):
@@ -422,46 +407,63 @@ def bf16_floor(model, point, src) -> tuple[float, float]:
             float(_per_sample_error(rounded, target).median()))  # fmt: skip
 
 
+def _phase(bf16: bool, exact: bool, whiten: bool = True) -> dict:
+    """``generate_iris`` options whose every step is one of the default's kinds of step:
+    bfloat16 or float32, exact or smooth inner-ReLU gradient, whitened or in pixels; no
+    sample stops early and no float32 switch."""
+    return {"tolerance": None, "float32_below": None, "float32_steps": 0,
+            "amp": "bf16" if bf16 else "off", "exact_relu_steps": 10**6 if exact else 0,
+            "precondition": "auto" if whiten else "none"}  # fmt: skip
+
+
 def step_budget(model, src, points, repeats: int = 2) -> list[dict]:
-    """Where the default recipe's time goes, per point: milliseconds per step of each of
-    its phases (bfloat16 or float32 steps, smooth or exact inner-ReLU gradient, whitened;
-    and its first step's kind in pixels, for the whitening's cost), and of the paper
-    recipe's step (the baseline); the steps each phase takes in the default (where bfloat16
-    is fast on this machine), so the default's time with no sample stopping early against
-    the paper recipe's 200 steps; and the bfloat16 error floor (:func:`bf16_floor`)."""
-    from stitchlab.iris import IRIRecipe, uses_bf16
+    """Where the default recipe's time goes, per point: milliseconds per step of each kind
+    of step it takes (bfloat16 or float32, smooth or exact inner-ReLU gradient, whitened;
+    and its first kind of step in pixels, for the whitening's cost) and of the paper
+    recipe's step (the baseline), each from runs of 20 and 120 steps (the difference over
+    100), all interleaved ``repeats`` times and each keeping its fastest run; the set-up
+    (targets, preconditioner, measurement: the 20-step run less its 20 steps); so the
+    default's time with no sample stopping early and no early float32 switch, against the
+    paper recipe's 200 steps; and the bfloat16 error floor (:func:`bf16_floor`)."""
+    from stitchlab.iris import IRIRecipe, _bf16_steps
 
     rec = IRIRecipe()
-    bf16 = uses_bf16(rec, src.device)
-    counts = dict.fromkeys(_PHASES, 0)
-    first = f"smooth {'bf16' if bf16 else 'float32'}"
+    bf16_until = _bf16_steps(rec, src.device)  # as the default's steps are decided
+    exact_from = rec.steps - rec.exact_relu_steps
+    counts: dict[str, int] = {}
+    kinds: dict[str, tuple[bool, bool]] = {}
     for t in range(rec.steps):
-        low = bf16 and t < rec.steps - rec.float32_steps
-        exact = t >= rec.steps - rec.exact_relu_steps
-        counts[f"{'exact' if exact else 'smooth'} {'bf16' if low else 'float32'}"] += 1
-    paper = IRIRecipe.paper()
+        low, exact = t < bf16_until, t >= exact_from
+        name = f"{'exact' if exact else 'smooth'} {'bf16' if low else 'float32'}"
+        counts[name] = counts.get(name, 0) + 1
+        kinds[name] = (low, exact)
+    first = next(iter(counts))  # the kind of the first step, also run in pixels
+    variants = {"paper": {"preset": "paper"}}
+    variants.update({name: _phase(*kind) for name, kind in kinds.items()})
+    variants[f"{first} in pixels"] = _phase(*kinds[first], whiten=False)
+    paper_steps = IRIRecipe.paper().steps
     rows = []
     for point in points:
         generate_iris(model, point, src[:8], steps=2)  # warm-up
-        ms = {"paper": _per_step_ms(model, point, src, {"preset": "paper"}, repeats)}
-        for name, (low, exact, whiten) in _PHASES.items():
-            if name != "smooth in pixels" and not counts[name]:
-                continue
-            low = bf16 if low is None else low
-            kw = {"tolerance": None, "float32_below": None, "float32_steps": 0,
-                  "amp": "bf16" if low else "off", "exact_relu_steps": 10**6 if exact else 0,
-                  "precondition": "auto" if whiten else "none"}  # fmt: skip
-            ms[name] = _per_step_ms(model, point, src, kw, repeats)
-        default_s = sum(ms[k] * c for k, c in counts.items() if c) / 1e3
-        paper_s = ms["paper"] * paper.steps / 1e3
+        sec: dict[tuple[str, int], float] = {}
+        for _ in range(repeats):
+            for name, kw in variants.items():
+                for n in (20, 120):
+                    t0 = time.perf_counter()
+                    generate_iris(model, point, src, **{**kw, "steps": n})
+                    key = (name, n)
+                    sec[key] = min(sec.get(key, math.inf), time.perf_counter() - t0)
+        ms = {name: (sec[name, 120] - sec[name, 20]) * 10 for name in variants}  # ms/step
+        setup = {name: sec[name, 20] - 20 * ms[name] / 1e3 for name in variants}
+        default_s = setup[first] + sum(ms[k] * c for k, c in counts.items()) / 1e3
+        paper_s = setup["paper"] + ms["paper"] * paper_steps / 1e3
         floor, rounding = bf16_floor(model, point, src)
         row = {"point": point, "paper ms/step": f"{ms['paper']:.2f}"}
-        for k, c in counts.items():
-            if c:
-                row[f"{k} ms/step (x{c})"] = f"{ms[k]:.2f}"
-        row["whitening ms/step"] = f"{ms[first] - ms['smooth in pixels']:.2f}"
+        row.update({f"{k} ms/step (x{c})": f"{ms[k]:.2f}" for k, c in counts.items()})
+        row["whitening ms/step"] = f"{ms[first] - ms[f'{first} in pixels']:.2f}"
+        row["set-up s (default / paper)"] = f"{setup[first]:.2f} / {setup['paper']:.2f}"
         row["default s, no early stop"] = f"{default_s:.2f}"
-        row[f"paper s ({paper.steps} steps)"] = f"{paper_s:.2f}"
+        row[f"paper s ({paper_steps} steps)"] = f"{paper_s:.2f}"
         row["ratio"] = f"{default_s / paper_s:.2f}x"
         row["bf16 floor (input rounding alone)"] = f"{floor:.4f} ({rounding:.4f})"
         rows.append(row)
@@ -476,7 +478,8 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=128)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--repeats", type=int, default=3, help="time-to-quality runs per recipe")
+    ap.add_argument("--repeats", type=int, default=3,
+                    help="interleaved runs of each timed setting (each keeps its fastest)")
     ap.add_argument(
         "--tables",
         choices=("both", "released", "quality", "memory", "amp", "fold", "pairs", "budget"),
@@ -486,7 +489,8 @@ def main() -> None:
         "L-BFGS's compact pairs against the two-loop recursion, or the default's time per "
         "step and phase against the paper recipe's (budget; with --config on a stored front)",
     )  # fmt: skip
-    ap.add_argument("--config", help="time to quality on a stored front of this experiment")
+    ap.add_argument("--config", help="time to quality (or --tables budget) on a stored front "
+                    "of this experiment")
     ap.add_argument("--store", help="with --config: its store")
     ap.add_argument("--front", default="back", help="with --config: the front model")
     ap.add_argument("--points", default="layer2.1,layer3.1,layer4.1", help="with --config")
@@ -501,8 +505,6 @@ def main() -> None:
         if unknown:
             raise SystemExit(f"unknown recipe(s) {unknown}; the names are {list(RECIPES)}")
     if args.tables == "budget":
-        from stitchlab.report import markdown_table
-
         torch.set_num_threads(args.threads)
         if args.config:
             model, src = stored_front(args.config, args.store, args.front, args.n)
@@ -515,8 +517,6 @@ def main() -> None:
         print(markdown_table(step_budget(model, src, points, args.repeats)))
         return
     if args.config:
-        from stitchlab.report import markdown_table
-
         torch.set_num_threads(args.threads)
         recipes = tuple((args.recipes or "paper,default").split(","))
         print(f"Time to quality: {', '.join(recipes[1:])} against {recipes[0]}, {args.front} "
@@ -529,8 +529,6 @@ def main() -> None:
         return
     torch.set_num_threads(args.threads)
     if args.tables == "pairs":
-        from stitchlab.report import markdown_table
-
         print(f"L-BFGS outside the network: one pair stored and H g per step, batch 32, "
               f"3072 pixels, {args.threads} threads, fastest of 3 runs of 50")  # fmt: skip
         print(markdown_table(measure_pairs()))
