@@ -504,8 +504,8 @@ def main() -> None:
         unknown = sorted(set(args.recipes.split(",")) - set(RECIPES))
         if unknown:
             raise SystemExit(f"unknown recipe(s) {unknown}; the names are {list(RECIPES)}")
+    torch.set_num_threads(args.threads)
     if args.tables == "budget":
-        torch.set_num_threads(args.threads)
         if args.config:
             model, src = stored_front(args.config, args.store, args.front, args.n)
             where, points = f"{args.front} of {args.config}, {args.n}", args.points.split(",")
@@ -517,7 +517,6 @@ def main() -> None:
         print(markdown_table(step_budget(model, src, points, args.repeats)))
         return
     if args.config:
-        torch.set_num_threads(args.threads)
         recipes = tuple((args.recipes or "paper,default").split(","))
         print(f"Time to quality: {', '.join(recipes[1:])} against {recipes[0]}, {args.front} "
               f"of {args.config}, {args.n} IRIs, {args.threads} threads, fastest of "
@@ -527,7 +526,6 @@ def main() -> None:
                                       recipes)  # fmt: skip
         print(markdown_table(rows))
         return
-    torch.set_num_threads(args.threads)
     if args.tables == "pairs":
         print(f"L-BFGS outside the network: one pair stored and H g per step, batch 32, "
               f"3072 pixels, {args.threads} threads, fastest of 3 runs of 50")  # fmt: skip

@@ -25,12 +25,19 @@ def _doubler() -> nn.Sequential:
     return m
 
 
+def _from_half(**kw) -> dict:
+    """Options of the hand-computed paths: start 0.5 (noise of 1e-9 around the box's
+    centre), constant steps of 0.1, no early stop, float32 IRIs, the exact ReLU gradient;
+    ``kw`` overrides."""
+    return {"final_step_size": None, "step_size": 0.1, "tolerance": None,
+            "start": "scaled_noise", "start_scale": 1e-9, "precision": "float32",
+            "relu_grad": "exact", **kw}  # fmt: skip
+
+
 def _path(steps: int, **kw) -> float:
     """Source 0.3 (target 0.6), start 0.5 (error 0.4 / 0.6), steps of size 0.1."""
-    kw = {"final_step_size": None, "step_size": 0.1, "tolerance": None,
-          "start": "scaled_noise", "start_scale": 1e-9, "precision": "float32",
-          "relu_grad": "exact", **kw}  # fmt: skip
-    return float(generate_iris(_doubler(), "0", torch.tensor([[0.3]]), steps=steps, **kw).iris)
+    src = torch.tensor([[0.3]])
+    return float(generate_iris(_doubler(), "0", src, steps=steps, **_from_half(**kw)).iris)
 
 
 @pytest.mark.parametrize("optimizer", ["adam", "sign", "l2"])
@@ -59,9 +66,7 @@ def test_capped_samples_stop_at_the_tolerance_on_their_own(optimizer):
     tolerance 0.05: by hand d_k = d_0 x 0.7^k and err_k = 2 d_k / target. The second
     (err_3 = 0.1 x 0.343 / 0.9 = 0.038) stops after 3 steps and keeps that iterate; the
     first runs on alone (the gathered path) to err_8 = 0.0384 (err_7 = 0.055)."""
-    kw = {"final_step_size": None, "step_size": 0.1, "tolerance": 0.05,
-          "start": "scaled_noise", "start_scale": 1e-9, "precision": "float32",
-          "relu_grad": "exact", "optimizer": optimizer, "polyak": 0.3}  # fmt: skip
+    kw = _from_half(tolerance=0.05, optimizer=optimizer, polyak=0.3)
     got = generate_iris(_doubler(), "0", torch.tensor([[0.3], [0.45]]), steps=20, **kw)
     want = torch.tensor([0.3 + 0.2 * 0.7**8, 0.45 + 0.05 * 0.7**3])
     torch.testing.assert_close(got.iris.view(-1), want, rtol=0, atol=1e-6)
@@ -70,9 +75,7 @@ def test_capped_samples_stop_at_the_tolerance_on_their_own(optimizer):
 def test_the_cap_never_lengthens_a_step():
     """Far from the source 0.3 x the Polyak step is longer than the step size: the step
     keeps its size (start 0.5, source 0.05: d = 0.45, 0.3 d = 0.135 > 0.1)."""
-    kw = {"final_step_size": None, "step_size": 0.1, "tolerance": None,
-          "start": "scaled_noise", "start_scale": 1e-9, "precision": "float32",
-          "relu_grad": "exact", "optimizer": "sign", "polyak": 0.3}  # fmt: skip
+    kw = _from_half(optimizer="sign", polyak=0.3)
     x = float(generate_iris(_doubler(), "0", torch.tensor([[0.05]]), steps=1, **kw).iris)
     assert x == pytest.approx(0.4, abs=1e-6)
 
