@@ -224,6 +224,8 @@ RECIPES = {
     "v4": {"preset": "v4"},  # whitened, 180 steps in float32 (2026-12-05, until bfloat16)
     "v5": {"preset": "v5"},  # bfloat16, smooth inner-ReLU gradient to the last step
     "v6": {"preset": "v6"},  # the default before the Polyak cap of affine fronts (2026-12-06)
+    # the default before the switch to the exact inner-ReLU gradient on the ReLUs' states
+    "v7": {"preset": "v7"},
     # the cap's fraction and where it applies (docs/validation/iri_convergence.md)
     "polyak-0.5": {"polyak": 0.5},
     "polyak-1": {"polyak": 1.0},
@@ -332,13 +334,13 @@ def _quality_rows(model, src, points, presets, repeats: int) -> list[dict]:
 
 
 #: The recipes of the small CNN's time-to-quality table (the first is the baseline).
-QUALITY_RECIPES = ("paper", "v1", "v3", "v4", "v6", "default")
+QUALITY_RECIPES = ("paper", "v1", "v3", "v4", "v6", "v7", "default")
 
 
 def time_to_quality(
     n: int = 128, seed: int = 0, repeats: int = 3, recipes: tuple[str, ...] = QUALITY_RECIPES
 ) -> list[dict]:
-    """stitchlab's default recipe and its earlier defaults (presets "v1", "v3", "v4", "v6")
+    """stitchlab's default recipe and its earlier defaults (presets "v1", "v3", "v4", "v6", "v7")
     against the paper's (200 signed steps of 1/255; ``recipes``: the first is the baseline)
     on a trained small CNN (generated shapes, 3 epochs):
     seconds and median relative error per point, and the time ratio. The recipes are

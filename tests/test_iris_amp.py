@@ -118,13 +118,21 @@ def test_old_presets_keep_their_arithmetic_and_keys():
     # v5: the bfloat16 default before the exact inner-ReLU gradient of the last steps
     v5 = IRIRecipe.from_kwargs(preset="v5")
     assert (v5.steps, v5.amp, v5.float32_steps, v5.exact_relu_steps) == (270, "fast", 30, 0)
-    later = ("exact_relu_steps", "keep_converged", "polyak", "polyak_fronts", "affine_rule")
+    later = ("exact_relu_steps", "keep_converged", "polyak", "polyak_fronts", "affine_rule",
+             "exact_relu_mismatch")  # fmt: skip
     assert v5.key_dict() == {k: v for k, v in IRIRecipe().key_dict().items()
                              if k not in later}  # fmt: skip
-    # v6: the default before the Polyak cap of affine fronts, which only that cap separates
+    # v6: the default before the Polyak cap of affine fronts, which only that cap and the
+    # switch on the inner ReLUs' states separate
     v6 = IRIRecipe.from_kwargs(preset="v6")
     assert v6.key_dict() == {k: v for k, v in IRIRecipe().key_dict().items()
-                             if k not in ("polyak", "polyak_fronts", "affine_rule")}  # fmt: skip
+                             if k not in ("polyak", "polyak_fronts", "affine_rule",
+                                          "exact_relu_mismatch")}  # fmt: skip
+    # v7: the default before that switch, which alone separates them
+    v7 = IRIRecipe.from_kwargs(preset="v7")
+    assert v7.exact_relu_mismatch is None and IRIRecipe().exact_relu_mismatch == 0.1
+    assert v7.key_dict() == {k: v for k, v in IRIRecipe().key_dict().items()
+                             if k != "exact_relu_mismatch"}  # fmt: skip
 
 
 def test_describe_names_the_arithmetic():

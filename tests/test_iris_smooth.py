@@ -133,9 +133,9 @@ def test_exact_relu_steps_run_the_last_steps_exact(monkeypatch):
     seen = []
     step = iris._SmoothReLUs.step
 
-    def spy(self, rows, exact=False):
+    def spy(self, rows, exact=False, measure=False):
         seen.append(exact)
-        step(self, rows, exact)
+        step(self, rows, exact, measure)
 
     monkeypatch.setattr(iris._SmoothReLUs, "step", spy)
     torch.manual_seed(0)
@@ -342,3 +342,102 @@ def test_a_converged_sample_keeps_the_iterate_that_met_the_tolerance():
     assert d["keep_converged"] is True
     assert "keep_converged" not in IRIRecipe(tolerance=None).key_dict()
     assert "keep_converged" not in IRIRecipe.from_kwargs(preset="v5").key_dict()
+
+
+def test_mismatch_is_the_share_of_units_in_another_state_than_the_sources():
+    """Hand-computed on _net: the sources' inner pre-activations are (0.3, -0.3) and (0.4,
+    -0.4), so their states are (on, off) twice. The inputs below give (-0.1, -0.05) and
+    (-0.1, -1.0): both units off, so unit 0 differs in both samples (2 of 4 units). The
+    input (0.7, 0.3) gives (0.2, -0.2), the states of source 1: no unit differs."""
+    front = _frozen_front(_net(), "3", relu_grad="smooth", relu_width=0.3, relu_floor=0.05)
+    smooth = _smooth_relus_of(front)
+    with torch.no_grad(), smooth.recording(keep_states=True):
+        front(torch.tensor([[0.8, 0.2], [0.9, 0.1]]))
+    assert [s.tolist() for s in smooth.source_on] == [[[True, False], [True, False]]]
+    x = torch.tensor([[0.4, 0.45], [0.4, -0.5]])
+    smooth.step(None, measure=True)
+    front(x.clone().requires_grad_(True))
+    assert smooth.mismatch() == 0.5
+    smooth.step(torch.tensor([1]), measure=True)  # row 1's sources
+    front(torch.tensor([[0.7, 0.3]], requires_grad=True))
+    assert smooth.mismatch() == 0.0
+    for kw in ({}, {"exact": True, "measure": True}):  # nothing measured
+        smooth.step(None, **kw)
+        front(x.clone().requires_grad_(True))
+        assert smooth.mismatch() == math.inf
+
+
+def test_the_exact_gradient_comes_at_the_first_check_at_or_below_the_mismatch(monkeypatch):
+    """Checks come every MISMATCH_EVERY smooth steps (t = 9, 19, ...); at the first whose
+    mismatch is at most exact_relu_mismatch, every later step is exact. Scripted mismatches
+    0.5 then 0.1 (the threshold itself): steps 0-19 smooth, 20-39 exact."""
+    import stitchlab.iris as iris
+
+    assert iris.MISMATCH_EVERY == 10
+    seen, measured, script = [], [], iter([0.5, 0.1])
+    step = iris._SmoothReLUs.step
+
+    def spy(self, rows, exact=False, measure=False):
+        seen.append(exact)
+        measured.append(measure)
+        step(self, rows, exact, measure)
+
+    monkeypatch.setattr(iris._SmoothReLUs, "step", spy)
+    monkeypatch.setattr(iris._SmoothReLUs, "mismatch", lambda self: next(script))
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU(), nn.Conv2d(4, 4, 1),
+                        nn.ReLU(), nn.Conv2d(4, 2, 1)).eval()  # fmt: skip
+    x = torch.rand(2, 3, 6, 6)
+    generate_iris(net, "3", x, steps=40, exact_relu_steps=5, tolerance=None)
+    assert seen == [False] * 20 + [True] * 20
+    assert [t for t, m in enumerate(measured) if m] == [9, 19]
+    # without the field (preset v7) no check is made and the smooth steps run to step 35
+    seen.clear(), measured.clear()
+    generate_iris(net, "3", x, steps=40, exact_relu_steps=5, tolerance=None, preset="v7")
+    assert seen == [False] * 35 + [True] * 5 and not any(measured)
+
+
+def test_measuring_the_mismatch_changes_no_bit(monkeypatch):
+    """Where the switch never comes, the default's IRIs are v7's bit for bit (the
+    comparison reads the activations and writes nothing); where it comes they differ."""
+    import stitchlab.iris as iris
+
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU(), nn.Conv2d(4, 4, 1),
+                        nn.ReLU(), nn.Conv2d(4, 2, 1)).eval()  # fmt: skip
+    x = torch.rand(3, 3, 6, 6)
+    kw = {"steps": 30, "exact_relu_steps": 5, "tolerance": None, "amp": "off"}
+    v7 = generate_iris(net, "3", x, preset="v7", **kw)
+    with monkeypatch.context() as m:
+        m.setattr(iris._SmoothReLUs, "mismatch", lambda self: 1.0)
+        never = generate_iris(net, "3", x, **kw)
+    assert torch.equal(never.iris, v7.iris)
+    with monkeypatch.context() as m:
+        m.setattr(iris._SmoothReLUs, "mismatch", lambda self: 0.0)
+        at_once = generate_iris(net, "3", x, **kw)
+    assert not torch.equal(at_once.iris, v7.iris)
+
+
+def test_exact_relu_mismatch_is_checked_resolved_and_keyed():
+    from stitchlab.iris import _recipe_front
+
+    for bad in (0.0, 1.0, -0.1):
+        with pytest.raises(ValueError, match="exact_relu_mismatch"):
+            IRIRecipe.from_kwargs(exact_relu_mismatch=bad)
+    d = IRIRecipe().key_dict()
+    assert d["exact_relu_mismatch"] == 0.1
+    for rec in (IRIRecipe.from_kwargs(preset="v7"), IRIRecipe.paper(),
+                IRIRecipe(optimizer="lbfgs"), IRIRecipe(relu_grad="surrogate")):  # fmt: skip
+        assert "exact_relu_mismatch" not in rec.key_dict()
+    net = _net()
+    x = torch.rand(2, 2)
+    rec = IRIRecipe()
+    inner = rec.for_front(_recipe_front(net, "3", (), None, rec), x)
+    assert inner.exact_relu_mismatch == 0.1
+    # no inner ReLU (the first ReLU ends the front, straight through): nothing to switch
+    first = rec.for_front(_recipe_front(net, "1", (), None, rec), x)
+    assert first.exact_relu_mismatch is None and "exact_relu_mismatch" not in first.key_dict()
+    lbfgs = IRIRecipe(optimizer="lbfgs")
+    assert lbfgs.for_front(_recipe_front(net, "3", (), None, lbfgs), x).exact_relu_mismatch is None
+    assert "10% of every inner ReLU's units" in IRIRecipe().describe()
+    assert "differ in state" not in IRIRecipe.from_kwargs(preset="v7").describe()

@@ -68,6 +68,10 @@ MIN_NULL_RATIO = 10.0
 #: An IRI set whose median relative error is above this is flagged (PROTOCOL section 3).
 THRESHOLD = 0.5
 
+#: Under ``exact_relu_mismatch``, every this many smooth steps the inner ReLUs' states are
+#: compared with the sources' (one comparison per inner ReLU in that step's forward).
+MISMATCH_EVERY = 10
+
 
 class IRIError(RuntimeError):
     """An IRI set cannot be used (damaged, mismatched or of poor quality)."""
@@ -86,7 +90,9 @@ class IRIRecipe:
     that pushes a pixel out of the box dropped (``drop_outward_momentum``), from uniform
     noise over the box, the gradient passed straight through a ReLU that ends the front
     and smoothly through its inner ReLUs (``relu_grad="smooth"``) but in the last 90 steps
-    (``exact_relu_steps``), where the inner ReLUs take their exact gradient, and a sample
+    (``exact_relu_steps``), where the inner ReLUs take their exact gradient (and in all
+    steps after a check at which each inner ReLU's on/off states agree with the source's
+    at all but 10% of its units, ``exact_relu_mismatch``), and a sample
     stops once its relative error is below ``tolerance`` (0.01), keeping the iterate that
     met it (``keep_converged``); on a front that is affine up to its final ReLU (a stem's
     convolution, BatchNorm and ReLU) each sample's step is at most 0.3 of its Polyak step
@@ -103,7 +109,10 @@ class IRIRecipe:
     2026-12-05; the smooth gradient to the last step, and a sample that met the tolerance
     also took that iteration's step), ``preset="v6"`` the default from then until the
     Polyak cap (2026-12-06; every step its full size; on a front that is not affine it is
-    the default, bit for bit, and its IRI sets have the same keys).
+    the default, bit for bit, and its IRI sets have the same keys), ``preset="v7"`` the
+    default from then until the switch on the inner ReLUs' states (the same day; the
+    smooth gradient up to the exact tail wherever the states stand; on a front without
+    inner ReLUs it is the default, bit for bit, with the same keys).
 
     ``polyak`` caps each sample's step at that fraction of its Polyak step ``err /
     <grad, step>``: the size at which the error's linearisation along the step reaches 0,
@@ -173,6 +182,17 @@ class IRIRecipe:
     on at experiment A's fronts (L-BFGS takes it too; not measured there), and costs less
     than a smooth step (no sigmoid derivative to keep; docs/validation/iri_convergence.md,
     "The exact inner-ReLU gradient in the last steps").
+    ``exact_relu_mismatch`` (0.1) ends the smooth steps earlier where they have done
+    their work: every :data:`MISMATCH_EVERY` smooth steps, each inner ReLU's on/off states
+    in the step are compared with the sources' (recorded with the targets), and once at
+    most this fraction of every inner ReLU's units differ, all later steps take the exact
+    gradient. The smooth gradient is there to move units that are off in the IRI but on in
+    the source (or the reverse); where the states agree, the IRI sits in the source's
+    linear region and the exact gradient is the error's own. On experiment A's ResNet-18
+    fronts the worst inner ReLU's mismatch falls to 2-6% by step 60 at layer1.1 and
+    stays at 25% or more from layer2.1 on (there the switch never comes and the IRIs are
+    v7's bit for bit); at layer1.1 it saves 16-22% of the time at the same errors
+    (docs/validation/iri_convergence.md, "The inner ReLUs' states"). L-BFGS ignores it.
 
     ``colour_basis="opponent"`` runs Adam (its moments, its per-coordinate step) in an
     orthonormal opponent colour basis of each RGB pixel (luminance, red-green,
@@ -225,6 +245,10 @@ class IRIRecipe:
     relu_floor: float = 0.05  # under relu_grad="smooth": the least backward slope
     # under relu_grad="smooth": the last steps of a batch take the exact inner-ReLU gradient
     exact_relu_steps: int = 90
+    # ... and all steps from the first check (every MISMATCH_EVERY smooth steps) at which at
+    # most this fraction of every inner ReLU's units is on where the source's is off or the
+    # reverse (None: never)
+    exact_relu_mismatch: float | None = 0.1
     adam_beta2: float = 0.95  # Adam's second-moment decay
     drop_outward_momentum: bool = True  # Adam: no momentum that pushes a pixel out of the box
     start_scale: float = 0.003  # standard deviation of the "scaled_noise" start
@@ -260,7 +284,8 @@ class IRIRecipe:
         :func:`bf16_is_fast` (CUDA, a CPU with AMX), ``"off"`` elsewhere;
         ``precondition="auto"`` becomes ``"first_layer"`` where :func:`input_convolution`
         finds the convolution, ``"none"`` elsewhere; ``polyak`` becomes None where
-        :meth:`caps_steps` says no. So a stored set's key says what ran.
+        :meth:`caps_steps` says no; ``exact_relu_mismatch`` becomes None on a front without
+        inner smooth ReLUs and for L-BFGS. So a stored set's key says what ran.
         A ValueError for ``"first_layer"`` asked of a front it does not apply to."""
         rec = self
         if rec.amp == "fast":
@@ -268,6 +293,10 @@ class IRIRecipe:
             rec = dataclasses.replace(rec, amp="bf16" if fast else "off")
         if not rec.caps_steps(front):
             rec = dataclasses.replace(rec, polyak=None)
+        if rec.exact_relu_mismatch is not None and (
+            rec.optimizer == "lbfgs" or _smooth_relus_of(front) is None
+        ):  # no inner ReLU to switch (or L-BFGS, which ignores it): the key says so
+            rec = dataclasses.replace(rec, exact_relu_mismatch=None)
         if rec.precondition == "none":
             return rec
         fits = _FirstLayer.applies(front, example)
@@ -382,6 +411,11 @@ class IRIRecipe:
             raise ValueError(f"relu_floor must be in [0, 1), got {self.relu_floor}")
         if self.exact_relu_steps < 0:
             raise ValueError(f"exact_relu_steps must be >= 0, got {self.exact_relu_steps}")
+        if self.exact_relu_mismatch is not None and not 0 < self.exact_relu_mismatch < 1:
+            raise ValueError(
+                f"exact_relu_mismatch must be in (0, 1) (a fraction of units) or None, got "
+                f"{self.exact_relu_mismatch}"
+            )
         if not self.relu_width > 0:
             raise ValueError(f"relu_width must be positive, got {self.relu_width}")
         if not 0.0 <= self.adam_beta2 < 1.0:
@@ -439,7 +473,9 @@ class IRIRecipe:
         ``"surrogate"``, ``history`` unless the optimizer is ``"lbfgs"``, ``relu_width``
         and ``relu_floor`` unless ``relu_grad`` is ``"smooth"``, ``exact_relu_steps`` unless
         ``relu_grad`` is ``"smooth"`` and it is above 0, ``keep_converged`` when it is False
-        or does nothing (no tolerance, L-BFGS), ``adam_beta2`` when it is 0.999,
+        or does nothing (no tolerance, L-BFGS), ``exact_relu_mismatch`` when it is None or
+        does nothing (as :meth:`for_front` resolves it on a front without inner ReLUs;
+        another ``relu_grad``; L-BFGS), ``adam_beta2`` when it is 0.999,
         ``drop_outward_momentum`` when it is False (what Adam did before these fields) and
         ``colour_basis`` when it is ``"rgb"``, ``stft_window`` when it is 0 and
         ``precondition`` when it is ``"none"``, ``float32_steps`` when it is 0 and
@@ -453,6 +489,11 @@ class IRIRecipe:
             del d["relu_width"], d["relu_floor"]
         if d["relu_grad"] != "smooth" or not d["exact_relu_steps"]:
             del d["exact_relu_steps"]
+        if (
+            d["exact_relu_mismatch"] is None or d["relu_grad"] != "smooth"
+            or d["optimizer"] == "lbfgs"
+        ):  # fmt: skip
+            del d["exact_relu_mismatch"]
         if not d["keep_converged"] or d["tolerance"] is None or d["optimizer"] == "lbfgs":
             del d["keep_converged"]
         if d["adam_beta2"] == 0.999:
@@ -497,6 +538,9 @@ _AMP_V1 = {"amp": "auto", "float32_steps": 0, "float32_below": None}
 _STOP_V1 = {"keep_converged": False}
 # every step its full size, as before the Polyak cap of affine fronts (2026-12-06)
 _CAP_V1 = {"polyak": None}
+# the smooth inner-ReLU gradient up to the exact tail whatever the ReLUs' states, as before
+# the switch on on/off agreement with the source (2026-12-06)
+_MISMATCH_V1 = {"exact_relu_mismatch": None}
 
 PRESETS: dict[str, dict] = {
     "default": {},
@@ -508,17 +552,21 @@ PRESETS: dict[str, dict] = {
     # the default from 2026-12-04 until the first-layer preconditioner (2026-12-05): Adam in
     # pixels; the pages of that time were made with it
     "v3": {"steps": 180, "precondition": "none", "exact_relu_steps": 0, **_AMP_V1, **_STOP_V1,
-           **_CAP_V1},
+           **_CAP_V1, **_MISMATCH_V1},
     # the default of 2026-12-05 until bfloat16 where it is fast (the same evening): whitened
     # by the first convolution, 180 steps in float32 on a CPU
-    "v4": {"steps": 180, "exact_relu_steps": 0, **_AMP_V1, **_STOP_V1, **_CAP_V1},
+    "v4": {"steps": 180, "exact_relu_steps": 0, **_AMP_V1, **_STOP_V1, **_CAP_V1,
+           **_MISMATCH_V1},
     # the default of the late evening of 2026-12-05 (bfloat16 where fast, 270 steps) until
     # the exact inner-ReLU gradient of the last steps (that night): the smooth gradient to
     # the last step, and a converged sample's last step taken
-    "v5": {"exact_relu_steps": 0, **_STOP_V1, **_CAP_V1},
+    "v5": {"exact_relu_steps": 0, **_STOP_V1, **_CAP_V1, **_MISMATCH_V1},
     # the default from the night of 2026-12-05 until the Polyak cap of affine fronts
     # (2026-12-06): every step its full size; the pages of 2026-12-06 were made with it
-    "v6": {**_CAP_V1},
+    "v6": {**_CAP_V1, **_MISMATCH_V1},
+    # the default from the Polyak cap (2026-12-06) until the switch to the exact inner-ReLU
+    # gradient once the ReLUs' states agree with the source's (the same day)
+    "v7": {**_MISMATCH_V1},
     # stitchlab's default before December 2026 (docs/validation/iri_convergence.md): kept so
     # that the sets and pages made with it are reproduced exactly
     "v1": {"steps": 200, "step_size": 0.05, "final_step_size": 0.002,
@@ -537,6 +585,7 @@ PRESETS: dict[str, dict] = {
         "steps": 300, "step_size": 0.003, "final_step_size": 0.0001, "start": "scaled_noise",
         "start_scale": 0.003, "box": (-1.0, 1.0), "precision": "int16", "stft_window": 256,
         "precondition": "none", "exact_relu_steps": 0, **_AMP_V1, **_STOP_V1, **_CAP_V1,
+        **_MISMATCH_V1,
     },
     # the audio preset up to 2026-12-05 (straight-through final ReLU, Adam's usual moments,
     # in samples), with which the earlier speech pages were made
@@ -779,6 +828,11 @@ class _SmoothReLUs:
         self.width, self.floor = width, floor
         self.mode = "off"
         self.inv_widths: list[Tensor] = []
+        # each inner ReLU's on/off states for the sources, when recorded (keep_states)
+        self.source_on: list[Tensor] = []
+        self._keep_states = False
+        self._measure = False
+        self._mismatches: list[float] = []
         self._k = 0
         self._rows: Tensor | None = None
 
@@ -793,10 +847,17 @@ class _SmoothReLUs:
                     "forward depends on its input; use relu_grad='surrogate' for this model"
                 )
             inv = self.inv_widths[self._k]
+            if self._measure:  # before the ReLU, which may overwrite x
+                on = self.source_on[self._k]
+                on = on if self._rows is None else on[self._rows]
+                differ = torch.count_nonzero((x.detach() > 0).ne_(on))
+                self._mismatches.append(float(differ) / max(x.numel(), 1))
             self._k += 1
             inv = inv if self._rows is None else inv[self._rows]
             return _SmoothReLUFn.apply(x, inv, self.floor, inplace)
         if self.mode == "record":
+            if self._keep_states:
+                self.source_on.append(x.detach() > 0)
             dims = tuple(range(2, x.dim()))
             if math.prod(x.shape[2:]) < 2:  # no map to measure: the sample's units
                 dims = tuple(range(1, x.dim()))
@@ -809,19 +870,29 @@ class _SmoothReLUs:
         return torch.relu_(x) if inplace else torch.relu(x)
 
     @contextlib.contextmanager
-    def recording(self) -> Iterator[None]:
-        """Context in which the front's forward records the widths of a new batch."""
-        self.mode, self.inv_widths = "record", []
+    def recording(self, keep_states: bool = False) -> Iterator[None]:
+        """Context in which the front's forward records the widths of a new batch (and,
+        if ``keep_states``, each inner ReLU's on/off states, for :meth:`mismatch`)."""
+        self.mode, self.inv_widths, self.source_on = "record", [], []
+        self._keep_states = keep_states
         try:
             yield
         finally:
             self.mode = "off"
 
-    def step(self, rows: Tensor | None, exact: bool = False) -> None:
+    def step(self, rows: Tensor | None, exact: bool = False, measure: bool = False) -> None:
         """The next forward is an optimisation step on the batch rows ``rows`` (None:
         all); ``exact``: with the exact ReLU gradient (the recipe's last
-        ``exact_relu_steps``)."""
+        ``exact_relu_steps``); ``measure`` (a smooth step of a batch recorded with
+        ``keep_states``): measure :meth:`mismatch` in it."""
         self.mode, self._k, self._rows = ("exact" if exact else "step"), 0, rows
+        self._measure, self._mismatches = measure and not exact, []
+
+    def mismatch(self) -> float:
+        """Of the last measured step: the largest, over the inner ReLUs, fraction of units
+        (over the step's rows) that are on where the source's are off or off where they
+        are on; ``inf`` where nothing was measured."""
+        return max(self._mismatches, default=math.inf)
 
     def off(self) -> None:
         """Plain ReLUs from now on."""
@@ -841,11 +912,14 @@ def _smooth_relus_of(front: nn.Module) -> _SmoothReLUs | None:
 class _NoSmooth:
     """Stands in for :class:`_SmoothReLUs` on fronts without it (every call a no-op)."""
 
-    def recording(self) -> contextlib.AbstractContextManager[None]:  # noqa: D102
+    def recording(self, keep_states: bool = False) -> contextlib.AbstractContextManager[None]:  # noqa: D102
         return contextlib.nullcontext()
 
-    def step(self, rows: Tensor | None, exact: bool = False) -> None:  # noqa: D102
+    def step(self, rows: Tensor | None, exact: bool = False, measure: bool = False) -> None:  # noqa: D102
         pass
+
+    def mismatch(self) -> float:  # noqa: D102
+        return math.inf
 
     def off(self) -> None:  # noqa: D102
         pass
@@ -1064,7 +1138,9 @@ def _optimise(
     ``memory_format`` is how the front takes its inputs (:mod:`stitchlab._memory_format`)."""
     x = x.contiguous(memory_format=memory_format)
     smooth = _smooth_relus_of(front) or _NoSmooth()
-    with torch.no_grad(), smooth.recording():
+    # the sources' inner ReLU states, for the switch to the exact gradient (not L-BFGS)
+    keep_states = recipe.exact_relu_mismatch is not None and recipe.optimizer != "lbfgs"
+    with torch.no_grad(), smooth.recording(keep_states=keep_states):
         target = front(x).float()
     target_norm = torch.linalg.vector_norm(target.flatten(1), dim=1).clamp_min(1e-12)
     try:
@@ -1356,6 +1432,7 @@ def _descend(front, x, target, target_norm, recipe: IRIRecipe, gen, memory_forma
     # tail, fewer once the batch's median error is below recipe.float32_below
     bf16_until = _bf16_steps(recipe, device)
     exact_from = recipe.steps - recipe.exact_relu_steps  # smooth relus: exact from this step
+    mismatch = recipe.exact_relu_mismatch
     for t in range(recipe.steps):
         # gather and scatter only once some samples have stopped
         idx = active.nonzero().squeeze(1) if early and not all_active else None
@@ -1363,9 +1440,12 @@ def _descend(front, x, target, target_norm, recipe: IRIRecipe, gen, memory_forma
         xa = xa.detach().requires_grad_(True)
         ta = target if idx is None else target[idx]
         tn = target_norm if idx is None else target_norm[idx]
-        smooth.step(idx, exact=t >= exact_from)
+        check = mismatch is not None and t < exact_from and (t + 1) % MISMATCH_EVERY == 0
+        smooth.step(idx, exact=t >= exact_from, measure=check)
         with _precision(device, t < bf16_until):
             f = front(xa)
+        if check and smooth.mismatch() <= mismatch:
+            exact_from = t + 1  # the inner ReLUs' states are the sources': exact from now on
         err, g = _error_and_grad(f, ta, tn)
         (grad,) = torch.autograd.grad(f, xa, grad_outputs=g)
         below = recipe.float32_below

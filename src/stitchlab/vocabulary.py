@@ -105,6 +105,9 @@ def describe_iri_recipe(recipe: dict) -> str:
         f"{recipe.get('relu_floor', 0.0):g}"
         + (f"; exact in the last {recipe['exact_relu_steps']} steps"
            if recipe.get("exact_relu_steps") else "")  # absent: smooth to the last step
+        + (f"; exact once at most {recipe['exact_relu_mismatch']:.0%} of every inner ReLU's "
+           "units differ in state from the source's"
+           if recipe.get("exact_relu_mismatch") is not None else "")  # absent: never
         + "), straight through at the output",
     }[recipe["relu_grad"]]
     tol = recipe["tolerance"]
