@@ -133,7 +133,7 @@ def test_exact_relu_steps_run_the_last_steps_exact(monkeypatch):
     seen = []
     step = iris._SmoothReLUs.step
 
-    def spy(self, rows, exact=False, measure=False):
+    def spy(self, rows, exact=False, measure=None):
         seen.append(exact)
         step(self, rows, exact, measure)
 
@@ -355,13 +355,13 @@ def test_mismatch_is_the_share_of_units_in_another_state_than_the_sources():
         front(torch.tensor([[0.8, 0.2], [0.9, 0.1]]))
     assert [s.tolist() for s in smooth.source_on] == [[[True, False], [True, False]]]
     x = torch.tensor([[0.4, 0.45], [0.4, -0.5]])
-    smooth.step(None, measure=True)
+    smooth.step(None, measure=0.1)
     front(x.clone().requires_grad_(True))
     assert smooth.mismatch() == 0.5
-    smooth.step(torch.tensor([1]), measure=True)  # row 1's sources
+    smooth.step(torch.tensor([1]), measure=0.1)  # row 1's sources
     front(torch.tensor([[0.7, 0.3]], requires_grad=True))
     assert smooth.mismatch() == 0.0
-    for kw in ({}, {"exact": True, "measure": True}):  # nothing measured
+    for kw in ({}, {"exact": True, "measure": 0.1}):  # nothing measured
         smooth.step(None, **kw)
         front(x.clone().requires_grad_(True))
         assert smooth.mismatch() == math.inf
@@ -377,7 +377,7 @@ def test_the_exact_gradient_comes_at_the_first_check_at_or_below_the_mismatch(mo
     seen, measured, script = [], [], iter([0.5, 0.1])
     step = iris._SmoothReLUs.step
 
-    def spy(self, rows, exact=False, measure=False):
+    def spy(self, rows, exact=False, measure=None):
         seen.append(exact)
         measured.append(measure)
         step(self, rows, exact, measure)
@@ -390,11 +390,11 @@ def test_the_exact_gradient_comes_at_the_first_check_at_or_below_the_mismatch(mo
     x = torch.rand(2, 3, 6, 6)
     generate_iris(net, "3", x, steps=40, exact_relu_steps=5, tolerance=None)
     assert seen == [False] * 20 + [True] * 20
-    assert [t for t, m in enumerate(measured) if m] == [9, 19]
+    assert [(t, m) for t, m in enumerate(measured) if m is not None] == [(9, 0.1), (19, 0.1)]
     # without the field (preset v7) no check is made and the smooth steps run to step 35
     seen.clear(), measured.clear()
     generate_iris(net, "3", x, steps=40, exact_relu_steps=5, tolerance=None, preset="v7")
-    assert seen == [False] * 35 + [True] * 5 and not any(measured)
+    assert seen == [False] * 35 + [True] * 5 and measured == [None] * 40
 
 
 def test_measuring_the_mismatch_changes_no_bit(monkeypatch):
@@ -441,3 +441,26 @@ def test_exact_relu_mismatch_is_checked_resolved_and_keyed():
     assert lbfgs.for_front(_recipe_front(net, "3", (), None, lbfgs), x).exact_relu_mismatch is None
     assert "10% of every inner ReLU's units" in IRIRecipe().describe()
     assert "differ in state" not in IRIRecipe.from_kwargs(preset="v7").describe()
+
+
+def test_mismatch_stops_measuring_after_the_first_relu_above_the_threshold():
+    """Two inner ReLUs, by hand: the sources' states are (on, off) at both; the input's
+    are all off at both, so each differs at 2 of 4 units (0.5). Under a threshold of 0.1
+    the first ReLU is already above it and the second is not measured; under 0.6 both are."""
+    m = nn.Sequential(nn.Linear(2, 2), nn.ReLU(), nn.Linear(2, 2, bias=False), nn.ReLU(),
+                      nn.Linear(2, 1, bias=False), nn.ReLU(), nn.Linear(1, 2))  # fmt: skip
+    with torch.no_grad():
+        m[0].weight.copy_(torch.eye(2))
+        m[0].bias.fill_(-0.5)
+        m[2].weight.copy_(torch.eye(2))
+        m[4].weight.fill_(1.0)
+    front = _frozen_front(m, "5", relu_grad="smooth", relu_width=0.3, relu_floor=0.05)
+    smooth = _smooth_relus_of(front)
+    with torch.no_grad(), smooth.recording(keep_states=True):
+        front(torch.tensor([[0.8, 0.2], [0.9, 0.1]]))
+    assert [s.tolist() for s in smooth.source_on] == [[[True, False], [True, False]]] * 2
+    x = torch.tensor([[0.4, 0.45], [0.4, -0.5]])
+    for threshold, measured in ((0.1, [0.5]), (0.6, [0.5, 0.5])):
+        smooth.step(None, measure=threshold)
+        front(x.clone().requires_grad_(True))
+        assert smooth._mismatches == measured and smooth.mismatch() == 0.5

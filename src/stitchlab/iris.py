@@ -831,7 +831,7 @@ class _SmoothReLUs:
         # each inner ReLU's on/off states for the sources, when recorded (keep_states)
         self.source_on: list[Tensor] = []
         self._keep_states = False
-        self._measure = False
+        self._measure: float | None = None  # the threshold of a measured step
         self._mismatches: list[float] = []
         self._k = 0
         self._rows: Tensor | None = None
@@ -847,7 +847,8 @@ class _SmoothReLUs:
                     "forward depends on its input; use relu_grad='surrogate' for this model"
                 )
             inv = self.inv_widths[self._k]
-            if self._measure:  # before the ReLU, which may overwrite x
+            # before the ReLU, which may overwrite x; none after a ReLU above the threshold
+            if self._measure is not None and max(self._mismatches, default=0) <= self._measure:
                 on = self.source_on[self._k]
                 on = on if self._rows is None else on[self._rows]
                 differ = torch.count_nonzero((x.detach() > 0).ne_(on))
@@ -880,18 +881,22 @@ class _SmoothReLUs:
         finally:
             self.mode = "off"
 
-    def step(self, rows: Tensor | None, exact: bool = False, measure: bool = False) -> None:
+    def step(
+        self, rows: Tensor | None, exact: bool = False, measure: float | None = None
+    ) -> None:
         """The next forward is an optimisation step on the batch rows ``rows`` (None:
         all); ``exact``: with the exact ReLU gradient (the recipe's last
-        ``exact_relu_steps``); ``measure`` (a smooth step of a batch recorded with
-        ``keep_states``): measure :meth:`mismatch` in it."""
+        ``exact_relu_steps``); ``measure`` (a threshold, in a smooth step of a batch
+        recorded with ``keep_states``): measure :meth:`mismatch` in it, up to the first
+        inner ReLU above that threshold."""
         self.mode, self._k, self._rows = ("exact" if exact else "step"), 0, rows
-        self._measure, self._mismatches = measure and not exact, []
+        self._measure, self._mismatches = (None if exact else measure), []
 
     def mismatch(self) -> float:
-        """Of the last measured step: the largest, over the inner ReLUs, fraction of units
-        (over the step's rows) that are on where the source's are off or off where they
-        are on; ``inf`` where nothing was measured."""
+        """Of the last measured step: the largest, over the inner ReLUs measured, fraction
+        of units (over the step's rows) that are on where the source's are off or off
+        where they are on (the ReLUs after the first above the threshold are not measured:
+        the largest is above it either way); ``inf`` where nothing was measured."""
         return max(self._mismatches, default=math.inf)
 
     def off(self) -> None:
@@ -915,7 +920,9 @@ class _NoSmooth:
     def recording(self, keep_states: bool = False) -> contextlib.AbstractContextManager[None]:  # noqa: D102
         return contextlib.nullcontext()
 
-    def step(self, rows: Tensor | None, exact: bool = False, measure: bool = False) -> None:  # noqa: D102
+    def step(  # noqa: D102
+        self, rows: Tensor | None, exact: bool = False, measure: float | None = None
+    ) -> None:
         pass
 
     def mismatch(self) -> float:  # noqa: D102
@@ -1441,7 +1448,7 @@ def _descend(front, x, target, target_norm, recipe: IRIRecipe, gen, memory_forma
         ta = target if idx is None else target[idx]
         tn = target_norm if idx is None else target_norm[idx]
         check = mismatch is not None and t < exact_from and (t + 1) % MISMATCH_EVERY == 0
-        smooth.step(idx, exact=t >= exact_from, measure=check)
+        smooth.step(idx, exact=t >= exact_from, measure=mismatch if check else None)
         with _precision(device, t < bf16_until):
             f = front(xa)
         if check and smooth.mismatch() <= mismatch:
