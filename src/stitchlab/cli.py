@@ -518,7 +518,7 @@ def _parser() -> argparse.ArgumentParser:
                     "convolution, bfloat16 where fast but the last 30, smooth inner ReLU "
                     "gradient but the last 90, tolerance 0.01, steps capped at 0.3 of the "
                     "Polyak step on affine fronts), the paper's (200 signed steps of "
-                    "1/255), stitchlab's earlier defaults (v1-v6), or for waveforms the audio "
+                    "1/255), stitchlab's earlier defaults (v1-v7), or for waveforms the audio "
                     "recipe (Adam in STFT coordinates, int16) and its earlier version "
                     "(audio-v1)")  # fmt: skip
     ir.add_argument("--steps", type=int, default=None, help="override the preset's steps")

@@ -189,9 +189,11 @@ class IRIRecipe:
     gradient. The smooth gradient is there to move units that are off in the IRI but on in
     the source (or the reverse); where the states agree, the IRI sits in the source's
     linear region and the exact gradient is the error's own. On experiment A's ResNet-18
-    fronts the worst inner ReLU's mismatch falls to 2-6% by step 60 at layer1.1 and
-    stays at 25% or more from layer2.1 on (there the switch never comes and the IRIs are
-    v7's bit for bit); at layer1.1 it saves 16-22% of the time at the same errors
+    fronts the worst inner ReLU's mismatch falls to 2-6% by step 60 at layer1.1, and
+    stays above 25% to the last step at the layer2.1 and layer4.1 cells traced (from
+    layer2.1 on the switch did not come: the medians are v7's at all 15 cells); at
+    layer1.1 it takes 11-22% less time than v7 for the same errors (0.0107-0.0145
+    against 0.0110-0.0149), and 33-36% less at the demo's small CNN's blocks.1
     (docs/validation/iri_convergence.md, "The inner ReLUs' states"). L-BFGS ignores it.
 
     ``colour_basis="opponent"`` runs Adam (its moments, its per-coordinate step) in an
