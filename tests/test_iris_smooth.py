@@ -27,6 +27,27 @@ def _net() -> nn.Sequential:
     return m
 
 
+def _conv_net() -> nn.Sequential:
+    """Two convolutions with ReLUs (the first inner at point "3"), then a 1x1 head."""
+    return nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU(), nn.Conv2d(4, 4, 1),
+                         nn.ReLU(), nn.Conv2d(4, 2, 1)).eval()  # fmt: skip
+
+
+def _spy_steps(monkeypatch) -> list[tuple]:
+    """Record ``(exact, measure, rows)`` of every :meth:`_SmoothReLUs.step` call."""
+    import stitchlab.iris as iris
+
+    calls = []
+    step = iris._SmoothReLUs.step
+
+    def spy(self, rows, exact=False, measure=None):
+        calls.append((exact, measure, None if rows is None else rows.tolist()))
+        step(self, rows, exact, measure)
+
+    monkeypatch.setattr(iris._SmoothReLUs, "step", spy)
+    return calls
+
+
 def test_smooth_relu_gradient_is_a_sigmoid_of_the_sources_width():
     """Backward of an inner ReLU: max(floor, sigmoid(z / (width x sd of the source's
     pre-activation))), per sample; the final ReLU passes the gradient; the forward is exact.
@@ -128,25 +149,15 @@ def test_exact_relu_steps_run_the_last_steps_exact(monkeypatch):
     """Of 10 steps with exact_relu_steps=4, the first 6 are smooth and the last 4 exact;
     exact_relu_steps=0 is the smooth gradient to the last step (preset "v5"), and the field
     is in a stored set's key only when it does something."""
-    import stitchlab.iris as iris
-
-    seen = []
-    step = iris._SmoothReLUs.step
-
-    def spy(self, rows, exact=False, measure=None):
-        seen.append(exact)
-        step(self, rows, exact, measure)
-
-    monkeypatch.setattr(iris._SmoothReLUs, "step", spy)
+    calls = _spy_steps(monkeypatch)
     torch.manual_seed(0)
-    net = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU(), nn.Conv2d(4, 4, 1),
-                        nn.ReLU(), nn.Conv2d(4, 2, 1)).eval()  # fmt: skip
+    net = _conv_net()
     x = torch.rand(2, 3, 6, 6)
     generate_iris(net, "3", x, steps=10, exact_relu_steps=4, tolerance=None)
-    assert seen == [False] * 6 + [True] * 4
-    seen.clear()
+    assert [c[0] for c in calls] == [False] * 6 + [True] * 4
+    calls.clear()
     generate_iris(net, "3", x, steps=10, preset="v5", tolerance=None)
-    assert seen == [False] * 10
+    assert [c[0] for c in calls] == [False] * 10
     assert IRIRecipe().exact_relu_steps == 90
     assert IRIRecipe().key_dict()["exact_relu_steps"] == 90
     assert "exact_relu_steps" not in IRIRecipe.from_kwargs(preset="v5").key_dict()
@@ -345,22 +356,26 @@ def test_a_converged_sample_keeps_the_iterate_that_met_the_tolerance():
 
 
 def test_mismatch_is_the_share_of_units_in_another_state_than_the_sources():
-    """Hand-computed on _net: the sources' inner pre-activations are (0.3, -0.3) and (0.4,
-    -0.4), so their states are (on, off) twice. The inputs below give (-0.1, -0.05) and
-    (-0.1, -1.0): both units off, so unit 0 differs in both samples (2 of 4 units). The
-    input (0.7, 0.3) gives (0.2, -0.2), the states of source 1: no unit differs."""
+    """Hand-computed on _net: the sources' inner pre-activations are (0.3, -0.3) and (-0.3,
+    0.4), so their states are (on, off) and (off, on). The inputs below give (-0.1, -0.05)
+    and (-0.1, -1.0): all off, so one unit differs in each sample (2 of 4 units). The input
+    (0.7, 0.3) gives (0.2, -0.2), source 0's states: both units differ from source 1's and
+    none from source 0's, so the rows a step runs on decide."""
     front = _frozen_front(_net(), "3", relu_grad="smooth", relu_width=0.3, relu_floor=0.05)
     smooth = _smooth_relus_of(front)
     with torch.no_grad(), smooth.recording(keep_states=True):
-        front(torch.tensor([[0.8, 0.2], [0.9, 0.1]]))
-    assert [s.tolist() for s in smooth.source_on] == [[[True, False], [True, False]]]
+        front(torch.tensor([[0.8, 0.2], [0.2, 0.9]]))
+    assert [s.tolist() for s in smooth.source_on] == [[[True, False], [False, True]]]
     x = torch.tensor([[0.4, 0.45], [0.4, -0.5]])
     smooth.step(None, measure=0.1)
     front(x.clone().requires_grad_(True))
     assert smooth.mismatch() == 0.5
-    smooth.step(torch.tensor([1]), measure=0.1)  # row 1's sources
-    front(torch.tensor([[0.7, 0.3]], requires_grad=True))
-    assert smooth.mismatch() == 0.0
+    for rows, expect in (([1], 1.0), ([0], 0.0)):
+        smooth.step(torch.tensor(rows), measure=0.1)
+        front(torch.tensor([[0.7, 0.3]], requires_grad=True))
+        assert smooth.mismatch() == expect
+    smooth.off()  # the sources' states are released with the batch
+    assert smooth.source_on == []
     for kw in ({}, {"exact": True, "measure": 0.1}):  # nothing measured
         smooth.step(None, **kw)
         front(x.clone().requires_grad_(True))
@@ -374,27 +389,50 @@ def test_the_exact_gradient_comes_at_the_first_check_at_or_below_the_mismatch(mo
     import stitchlab.iris as iris
 
     assert iris.MISMATCH_EVERY == 10
-    seen, measured, script = [], [], iter([0.5, 0.1])
-    step = iris._SmoothReLUs.step
-
-    def spy(self, rows, exact=False, measure=None):
-        seen.append(exact)
-        measured.append(measure)
-        step(self, rows, exact, measure)
-
-    monkeypatch.setattr(iris._SmoothReLUs, "step", spy)
+    script = iter([0.5, 0.1])
+    calls = _spy_steps(monkeypatch)
     monkeypatch.setattr(iris._SmoothReLUs, "mismatch", lambda self: next(script))
     torch.manual_seed(0)
-    net = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU(), nn.Conv2d(4, 4, 1),
-                        nn.ReLU(), nn.Conv2d(4, 2, 1)).eval()  # fmt: skip
+    net = _conv_net()
     x = torch.rand(2, 3, 6, 6)
     generate_iris(net, "3", x, steps=40, exact_relu_steps=5, tolerance=None)
-    assert seen == [False] * 20 + [True] * 20
-    assert [(t, m) for t, m in enumerate(measured) if m is not None] == [(9, 0.1), (19, 0.1)]
+    assert [c[0] for c in calls] == [False] * 20 + [True] * 20
+    assert [(t, c[1]) for t, c in enumerate(calls) if c[1] is not None] == [(9, 0.1), (19, 0.1)]
     # without the field (preset v7) no check is made and the smooth steps run to step 35
-    seen.clear(), measured.clear()
+    calls.clear()
     generate_iris(net, "3", x, steps=40, exact_relu_steps=5, tolerance=None, preset="v7")
-    assert seen == [False] * 35 + [True] * 5 and measured == [None] * 40
+    assert [c[0] for c in calls] == [False] * 35 + [True] * 5
+    assert all(c[1] is None for c in calls)
+
+
+def test_the_mismatch_is_measured_on_the_samples_still_running(monkeypatch):
+    """Sample 0 is made to meet the tolerance at step 5 (its error reported as 0): the
+    check at step 9 then runs on rows 1 and 2 only, and measures a share of their units."""
+    import stitchlab.iris as iris
+
+    calls = _spy_steps(monkeypatch)
+    seen = []
+    error_and_grad, mismatch = iris._error_and_grad, iris._SmoothReLUs.mismatch
+
+    def stop_sample_0_at_step_5(f, target, target_norm):
+        err, grad = error_and_grad(f, target, target_norm)
+        if len(calls) == 6:
+            err = err.clone()
+            err[0] = 0.0
+        return err, grad
+
+    def spy_mismatch(self):
+        seen.append(mismatch(self))
+        return seen[-1]
+
+    monkeypatch.setattr(iris, "_error_and_grad", stop_sample_0_at_step_5)
+    monkeypatch.setattr(iris._SmoothReLUs, "mismatch", spy_mismatch)
+    torch.manual_seed(0)
+    generate_iris(_conv_net(), "3", torch.rand(3, 3, 6, 6), steps=30, exact_relu_steps=5,
+                  tolerance=1e-9, amp="off")  # fmt: skip
+    checks = [(t, c[2]) for t, c in enumerate(calls) if c[1] is not None]
+    assert checks[0] == (9, [1, 2]) and all(rows == [1, 2] for _, rows in checks)
+    assert len(seen) >= 1 and all(0.0 <= m <= 1.0 for m in seen)
 
 
 def test_measuring_the_mismatch_changes_no_bit(monkeypatch):
@@ -403,8 +441,7 @@ def test_measuring_the_mismatch_changes_no_bit(monkeypatch):
     import stitchlab.iris as iris
 
     torch.manual_seed(0)
-    net = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU(), nn.Conv2d(4, 4, 1),
-                        nn.ReLU(), nn.Conv2d(4, 2, 1)).eval()  # fmt: skip
+    net = _conv_net()
     x = torch.rand(3, 3, 6, 6)
     kw = {"steps": 30, "exact_relu_steps": 5, "tolerance": None, "amp": "off"}
     v7 = generate_iris(net, "3", x, preset="v7", **kw)

@@ -516,7 +516,8 @@ def _parser() -> argparse.ArgumentParser:
                     choices=sorted(PRESETS),
                     help="stitchlab's recipe (Adam, 270 steps whitened by the first "
                     "convolution, bfloat16 where fast but the last 30, smooth inner ReLU "
-                    "gradient but the last 90, tolerance 0.01, steps capped at 0.3 of the "
+                    "gradient but the last 90 and once the inner states agree with the "
+                    "sources', tolerance 0.01, steps capped at 0.3 of the "
                     "Polyak step on affine fronts), the paper's (200 signed steps of "
                     "1/255), stitchlab's earlier defaults (v1-v7), or for waveforms the audio "
                     "recipe (Adam in STFT coordinates, int16) and its earlier version "

@@ -186,14 +186,17 @@ class IRIRecipe:
     their work: every :data:`MISMATCH_EVERY` smooth steps, each inner ReLU's on/off states
     in the step are compared with the sources' (recorded with the targets), and once at
     most this fraction of every inner ReLU's units differ, all later steps take the exact
-    gradient. The smooth gradient is there to move units that are off in the IRI but on in
-    the source (or the reverse); where the states agree, the IRI sits in the source's
-    linear region and the exact gradient is the error's own. On experiment A's ResNet-18
-    fronts the worst inner ReLU's mismatch falls to 2-6% by step 60 at layer1.1, and
-    stays above 25% to the last step at the layer2.1 and layer4.1 cells traced (from
-    layer2.1 on the switch did not come: the medians are v7's at all 15 cells); at
-    layer1.1 it takes 11-22% less time than v7 for the same errors (0.0107-0.0145
-    against 0.0110-0.0149), and 33-36% less at the demo's small CNN's blocks.1
+    gradient. The mismatch is over the units of all samples still running, so single
+    samples can be above it; the sources' states are float32's, a bfloat16 step's may
+    differ by rounding near 0 (the threshold was measured with bfloat16 steps). The smooth
+    gradient is there to move units that are off in the IRI but on in the source (or the
+    reverse); where the states agree, the IRI is near the source's linear region, where
+    the exact gradient is the error's own. On experiment A's ResNet-18 fronts the worst
+    inner ReLU's mismatch falls to 2-6% by step 60 at layer1.1, and stays above 25% to
+    the last step at the layer2.1 and layer4.1 cells traced (from layer2.1 on the medians
+    are v7's at all 15 cells, so the switch did not come); at layer1.1 it took 11-22%
+    less time than v7 in two runs for the same errors (0.0107-0.0145 against
+    0.0110-0.0149), and 33-36% less at the demo's small CNN's blocks.1
     (docs/validation/iri_convergence.md, "The inner ReLUs' states"). L-BFGS ignores it.
 
     ``colour_basis="opponent"`` runs Adam (its moments, its per-coordinate step) in an
@@ -296,7 +299,7 @@ class IRIRecipe:
         if not rec.caps_steps(front):
             rec = dataclasses.replace(rec, polyak=None)
         if rec.exact_relu_mismatch is not None and (
-            rec.optimizer == "lbfgs" or _smooth_relus_of(front) is None
+            not rec.switches_on_states() or _smooth_relus_of(front) is None
         ):  # no inner ReLU to switch (or L-BFGS, which ignores it): the key says so
             rec = dataclasses.replace(rec, exact_relu_mismatch=None)
         if rec.precondition == "none":
@@ -310,6 +313,15 @@ class IRIRecipe:
                 "layer). Use precondition='auto' or 'none'."
             )
         return dataclasses.replace(rec, precondition="first_layer" if fits else "none")
+
+    def switches_on_states(self) -> bool:
+        """Whether this recipe switches the inner ReLUs to the exact gradient once their
+        states agree with the sources' (``exact_relu_mismatch`` set, the smooth gradient,
+        not L-BFGS, which ignores it)."""
+        return (
+            self.exact_relu_mismatch is not None and self.relu_grad == "smooth"
+            and self.optimizer != "lbfgs"
+        )  # fmt: skip
 
     def caps_steps(self, front: nn.Module) -> bool:
         """Whether this recipe's steps on ``front`` are capped by ``polyak``: a cap is
@@ -491,10 +503,7 @@ class IRIRecipe:
             del d["relu_width"], d["relu_floor"]
         if d["relu_grad"] != "smooth" or not d["exact_relu_steps"]:
             del d["exact_relu_steps"]
-        if (
-            d["exact_relu_mismatch"] is None or d["relu_grad"] != "smooth"
-            or d["optimizer"] == "lbfgs"
-        ):  # fmt: skip
+        if not self.switches_on_states():
             del d["exact_relu_mismatch"]
         if not d["keep_converged"] or d["tolerance"] is None or d["optimizer"] == "lbfgs":
             del d["keep_converged"]
@@ -848,15 +857,13 @@ class _SmoothReLUs:
                     f"smooth gradient's widths were recorded ({len(self.inv_widths)}): its "
                     "forward depends on its input; use relu_grad='surrogate' for this model"
                 )
-            inv = self.inv_widths[self._k]
+            inv = self._of_rows(self.inv_widths[self._k])
             # before the ReLU, which may overwrite x; none after a ReLU above the threshold
             if self._measure is not None and max(self._mismatches, default=0) <= self._measure:
-                on = self.source_on[self._k]
-                on = on if self._rows is None else on[self._rows]
+                on = self._of_rows(self.source_on[self._k])
                 differ = torch.count_nonzero((x.detach() > 0).ne_(on))
                 self._mismatches.append(float(differ) / max(x.numel(), 1))
             self._k += 1
-            inv = inv if self._rows is None else inv[self._rows]
             return _SmoothReLUFn.apply(x, inv, self.floor, inplace)
         if self.mode == "record":
             if self._keep_states:
@@ -871,6 +878,10 @@ class _SmoothReLUs:
             self.inv_widths.append((sd * self.width).clamp_min(1e-12).reciprocal())
         # torch's ReLU: its backward (in an exact step) reads the result, keeps no copy
         return torch.relu_(x) if inplace else torch.relu(x)
+
+    def _of_rows(self, t: Tensor) -> Tensor:
+        """``t``'s rows of this step's samples (all of them before any stopped)."""
+        return t if self._rows is None else t[self._rows]
 
     @contextlib.contextmanager
     def recording(self, keep_states: bool = False) -> Iterator[None]:
@@ -902,8 +913,8 @@ class _SmoothReLUs:
         return max(self._mismatches, default=math.inf)
 
     def off(self) -> None:
-        """Plain ReLUs from now on."""
-        self.mode, self._rows = "off", None
+        """Plain ReLUs from now on (the sources' states, kept for a batch, released)."""
+        self.mode, self._rows, self.source_on = "off", None, []
 
 
 def _smooth_relus_of(front: nn.Module) -> _SmoothReLUs | None:
@@ -1148,8 +1159,7 @@ def _optimise(
     x = x.contiguous(memory_format=memory_format)
     smooth = _smooth_relus_of(front) or _NoSmooth()
     # the sources' inner ReLU states, for the switch to the exact gradient (not L-BFGS)
-    keep_states = recipe.exact_relu_mismatch is not None and recipe.optimizer != "lbfgs"
-    with torch.no_grad(), smooth.recording(keep_states=keep_states):
+    with torch.no_grad(), smooth.recording(keep_states=recipe.switches_on_states()):
         target = front(x).float()
     target_norm = torch.linalg.vector_norm(target.flatten(1), dim=1).clamp_min(1e-12)
     try:
@@ -1441,7 +1451,7 @@ def _descend(front, x, target, target_norm, recipe: IRIRecipe, gen, memory_forma
     # tail, fewer once the batch's median error is below recipe.float32_below
     bf16_until = _bf16_steps(recipe, device)
     exact_from = recipe.steps - recipe.exact_relu_steps  # smooth relus: exact from this step
-    mismatch = recipe.exact_relu_mismatch
+    mismatch = recipe.exact_relu_mismatch if recipe.switches_on_states() else None
     for t in range(recipe.steps):
         # gather and scatter only once some samples have stopped
         idx = active.nonzero().squeeze(1) if early and not all_active else None
