@@ -412,9 +412,11 @@ def bf16_floor(model, point, src) -> tuple[float, float]:
 def _phase(bf16: bool, exact: bool, whiten: bool = True) -> dict:
     """``generate_iris`` options whose every step is one of the default's kinds of step:
     bfloat16 or float32, exact or smooth inner-ReLU gradient, whitened or in pixels; no
-    sample stops early and no float32 switch."""
+    sample stops early, no float32 switch and no switch to the exact gradient on the inner
+    ReLUs' states."""
     return {"tolerance": None, "float32_below": None, "float32_steps": 0,
             "amp": "bf16" if bf16 else "off", "exact_relu_steps": 10**6 if exact else 0,
+            "exact_relu_mismatch": None,
             "precondition": "auto" if whiten else "none"}  # fmt: skip
 
 
@@ -425,8 +427,9 @@ def step_budget(model, src, points, repeats: int = 2) -> list[dict]:
     recipe's step (the baseline), each from runs of 20 and 120 steps (the difference over
     100), all interleaved ``repeats`` times and each keeping its fastest run; the set-up
     (targets, preconditioner, measurement: the 20-step run less its 20 steps); so the
-    default's time with no sample stopping early and no early float32 switch, against the
-    paper recipe's 200 steps; and the bfloat16 error floor (:func:`bf16_floor`)."""
+    default's time with no sample stopping early, no early float32 switch and no early
+    switch to the exact gradient on the inner ReLUs' states, against the paper recipe's 200
+    steps; and the bfloat16 error floor (:func:`bf16_floor`)."""
     from stitchlab.iris import IRIRecipe, _bf16_steps
 
     rec = IRIRecipe()
