@@ -233,6 +233,8 @@ RECIPES = {
     "default": {},
     # what the default runs on a machine where bfloat16 is not fast (a CPU without AMX)
     "default-float32": {"amp": "off"},
+    # the default with Adam in pixels (no first-layer whitening)
+    "default-pixels": {"precondition": "none"},
     "default-200": {"steps": 200},
     "default-170": {"steps": 170},
     "default-270": {"steps": 270},
