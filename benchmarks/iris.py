@@ -17,6 +17,7 @@ recipe on a trained small CNN: seconds and median error, same run.
     python benchmarks/iris.py --tables memory   # channels-last against contiguous
     python benchmarks/iris.py --tables amp      # bfloat16 autocast against float32
     python benchmarks/iris.py --tables fold     # BatchNorm folded into the convs, or not
+    python benchmarks/iris.py --tables whiten   # the whitened Adam update, now and before
     python benchmarks/iris.py --config CONFIG --store STORE --front seed1 [--repeats 2]
     python benchmarks/iris.py --tables budget [--config CONFIG --store STORE --front F]
 
@@ -169,6 +170,67 @@ def measure_memory_format(width: int = 16, batch: int = 128, steps: int = 20, re
             "median error (contiguous / channels-last)":
                 f"{a.quality().median_error:.4f} / {b.quality().median_error:.4f}",
             "IRI pixels differing": f"{(a.iris != b.iris).float().mean().item():.2%}",
+        })  # fmt: skip
+    return rows
+
+
+def _whiten_before(fl, t: torch.Tensor) -> torch.Tensor:
+    """``S t`` as stitchlab computed it before 2026-12-06 (late morning): the FFT of ``t``
+    in its own layout, the blocks' broadcast product summed over the input channels."""
+    coeffs = torch.fft.rfft2(t.float(), norm="ortho")
+    mixed = (fl.blocks.unsqueeze(0) * coeffs.unsqueeze(1)).sum(2)
+    return torch.fft.irfft2(mixed, s=fl.size, norm="ortho").to(t.dtype)
+
+
+def _whitened_updates(fl, x0: torch.Tensor, grad: torch.Tensor, steps: int, now: bool):
+    """``steps`` whitened Adam updates of ``x0`` with a fixed gradient, as stitchlab's
+    ``_descend`` runs them now (``now``) or ran them before (see :func:`measure_whiten`)."""
+    cl = torch.channels_last
+    x, m = x0.clone(), torch.zeros_like(x0)
+    v = fl.zeros_like(x0) if now else torch.zeros_like(x0)
+    apply = fl.analysis if now else (lambda t: _whiten_before(fl, t))
+    for t in range(steps):
+        m.mul_(0.9).add_(grad, alpha=0.1)
+        z = apply(grad)
+        v.mul_(0.95).addcmul_(z, z, value=0.05)
+        denom = (v / (1 - 0.95 ** (t + 1))).sqrt_().add_(1e-8)
+        step = apply(apply(m).div_(denom))
+        x.sub_(step.contiguous(memory_format=cl) if now else step, alpha=0.01)
+        m.masked_fill_((x < 0) | (x > 1), 0.0)
+        x.clamp_(0, 1)
+    return x
+
+
+def measure_whiten(batches=(64, 128), steps: int = 50, repeats: int = 5) -> list[dict]:
+    """The whitened Adam update of one step (the default's ``precondition="first_layer"``,
+    uncapped) on channels-last 3 x 32 x 32 iterates, as stitchlab ran it before (the
+    baseline: :func:`_whiten_before`, the second moment in the iterate's layout, the step
+    subtracted in the FFT's layout) and now (:class:`stitchlab.iris._FirstLayer`: the
+    second moment and the FFT's input contiguous, the step in the iterate's layout), in
+    milliseconds, each the fastest of ``repeats`` interleaved runs of ``steps`` updates;
+    and whether the two leave bit-identical iterates."""
+    from stitchlab.iris import IRIRecipe, _FirstLayer
+
+    cl = torch.channels_last
+    torch.manual_seed(0)
+    front = torch.fx.symbolic_trace(models.create("small_cnn", width=16).eval())
+    rows = []
+    for n in batches:
+        grad = torch.randn(n, 3, 32, 32).contiguous(memory_format=cl) * 1e-3
+        x0 = torch.rand(n, 3, 32, 32).contiguous(memory_format=cl)
+        fl = _FirstLayer.of(IRIRecipe(), x0, front)
+
+        best = {False: math.inf, True: math.inf}
+        out = {}
+        for _ in range(repeats):
+            for now in (False, True):
+                t0 = time.perf_counter()
+                out[now] = _whitened_updates(fl, x0, grad, steps, now)
+                best[now] = min(best[now], (time.perf_counter() - t0) / steps)
+        rows.append({
+            "images": n, "before ms": f"{1e3 * best[False]:.2f}",
+            "now ms": f"{1e3 * best[True]:.2f}", "speed-up": f"{best[False] / best[True]:.2f}x",
+            "bit-identical": bool(torch.equal(out[False], out[True])),
         })  # fmt: skip
     return rows
 
@@ -489,12 +551,14 @@ def main() -> None:
                     help="interleaved runs of each timed setting (each keeps its fastest)")
     ap.add_argument(
         "--tables",
-        choices=("both", "released", "quality", "memory", "amp", "fold", "pairs", "budget"),
+        choices=("both", "released", "quality", "memory", "amp", "fold", "pairs", "budget",
+                 "whiten"),
         default="both",
         help="released-loop table, time-to-quality table, both, the memory-format table, "
         "bfloat16 autocast against float32, BatchNorm folded against as it is, or "
         "L-BFGS's compact pairs against the two-loop recursion, or the default's time per "
-        "step and phase against the paper recipe's (budget; with --config on a stored front)",
+        "step and phase against the paper recipe's (budget; with --config on a stored front), "
+        "or the whitened Adam update now against before 2026-12-06 (whiten)",
     )  # fmt: skip
     ap.add_argument("--config", help="time to quality (or --tables budget) on a stored front "
                     "of this experiment")
@@ -532,6 +596,12 @@ def main() -> None:
                                       args.points.split(","), args.n, args.repeats,
                                       recipes)  # fmt: skip
         print(markdown_table(rows))
+        return
+    if args.tables == "whiten":
+        print(f"The whitened Adam update of one step, 3 x 32 x 32 channels-last iterates, "
+              f"{args.threads} threads, fastest of {args.repeats} interleaved runs of 50 "
+              f"updates; before 2026-12-06 (late morning) is the baseline")  # fmt: skip
+        print(markdown_table(measure_whiten(repeats=args.repeats)))
         return
     if args.tables == "pairs":
         print(f"L-BFGS outside the network: one pair stored and H g per step, batch 32, "

@@ -1362,8 +1362,9 @@ class _FirstLayer:
     gradients to z and steps back to x (:meth:`analysis` = :meth:`synthesis`)."""
 
     def __init__(self, blocks: Tensor, size: tuple[int, int]) -> None:
-        # (C_out, C_in, H, W // 2 + 1) complex: each frequency's block, broadcast over the
-        # batch (10x faster on the CPU than a batched matmul or einsum of 3x3 blocks)
+        # (C_out, C_in, H, W // 2 + 1) complex: each frequency's block, applied by one
+        # scaled column per input channel over the batch (10x faster on the CPU than a
+        # batched matmul or einsum of 3x3 blocks)
         self.blocks, self.size = blocks.permute(2, 3, 0, 1).contiguous(), size
 
     @staticmethod
@@ -1405,16 +1406,27 @@ class _FirstLayer:
         return cls(blocks[:, : w // 2 + 1].to(x.device), (h, w))  # the rfft2 half
 
     def analysis(self, t: Tensor) -> Tensor:
-        """``S t`` (real, of ``t``'s shape)."""
-        coeffs = torch.fft.rfft2(t.float(), norm="ortho")  # (N, C, H, W//2+1)
-        mixed = (self.blocks.unsqueeze(0) * coeffs.unsqueeze(1)).sum(2)
+        """``S t`` (real, of ``t``'s shape, contiguous whatever ``t``'s layout)."""
+        # the FFT of a contiguous copy, and one product per input channel accumulated in
+        # place: the same numbers as the blocks' broadcast product summed over the input
+        # channels, 10-15% faster (benchmarks/iris.py --tables whiten)
+        coeffs = torch.fft.rfft2(t.float().contiguous(), norm="ortho")  # (N, C, H, W//2+1)
+        mixed = self.blocks[:, 0] * coeffs[:, :1]
+        for i in range(1, self.blocks.shape[1]):
+            mixed.addcmul_(self.blocks[:, i], coeffs[:, i : i + 1])
         return torch.fft.irfft2(mixed, s=self.size, norm="ortho").to(t.dtype)
 
     synthesis = analysis
 
     add_power_ = staticmethod(_ColourBasis.add_power_)
     scale_ = staticmethod(_ColourBasis.scale_)
-    zeros_like = staticmethod(_ColourBasis.zeros_like)
+
+    @staticmethod
+    def zeros_like(t: Tensor) -> Tensor:
+        """Contiguous zeros of ``t``'s shape: the second moment in the layout of
+        :meth:`analysis`'s output (elementwise operations on mixed layouts, channels-last
+        against contiguous, take a slow path on the CPU)."""
+        return torch.zeros(t.shape, dtype=t.dtype, device=t.device)
 
 
 def _adam_coordinates(
@@ -1506,9 +1518,10 @@ def _descend(front, x, target, target_norm, recipe: IRIRecipe, gen, memory_forma
                     coords.add_power_(vi, coords.analysis(grad), 1 - b2)
                 denom = (vi / (1 - b2 ** (t + 1))).sqrt_().add_(1e-8)
                 # the step in z, back to x (in pixels: mi / denom, formed only if capped)
+                # (in the iterate's layout: mixed layouts take a slow path)
                 step = None if coords is None else coords.synthesis(
                     coords.scale_(coords.analysis(mi), denom)
-                )  # fmt: skip
+                ).contiguous(memory_format=memory_format)  # fmt: skip
                 if capped:  # the step of size 1, then each sample's size
                     step = (mi / denom if step is None else step).mul_(1 / (1 - 0.9 ** (t + 1)))
                     _polyak_update(new, step, grad, err, recipe.polyak, alpha)
