@@ -75,6 +75,20 @@ def test_s_squared_inverts_the_damped_gram_of_a_3x3_convolution():
     assert torch.allclose(out, c * probe, rtol=1e-3, atol=1e-3 * float(c))
 
 
+def test_whitening_is_the_same_in_every_layout_and_keeps_its_moment_contiguous():
+    # channels-last iterates (as on the CPU) and contiguous ones give the same numbers to
+    # the bit, the output is contiguous, and so is the second moment's buffer
+    torch.manual_seed(0)
+    model = nn.Sequential(_conv(torch.randn(8, 3, 3, 3), padding=1), nn.ReLU(), nn.Flatten())
+    x = torch.rand(4, 3, 8, 8)
+    coords = _FirstLayer.of(IRIRecipe(), x, _front(model))
+    t = torch.randn(4, 3, 8, 8)
+    last = t.contiguous(memory_format=torch.channels_last)
+    assert torch.equal(coords.analysis(last), coords.analysis(t))
+    assert coords.analysis(last).is_contiguous()
+    assert coords.zeros_like(last).is_contiguous() and not coords.zeros_like(last).any()
+
+
 def test_input_convolution_includes_the_batchnorm_scale():
     torch.manual_seed(0)
     conv = nn.Conv2d(3, 4, 3, padding=1, bias=False)
