@@ -1408,8 +1408,10 @@ class _FirstLayer:
     def analysis(self, t: Tensor) -> Tensor:
         """``S t`` (real, of ``t``'s shape, contiguous whatever ``t``'s layout)."""
         # the FFT of a contiguous copy, and one product per input channel accumulated in
-        # place: the same numbers as the blocks' broadcast product summed over the input
-        # channels, 10-15% faster (benchmarks/iris.py --tables whiten)
+        # place: 10-15% faster than the blocks' broadcast product summed over the input
+        # channels (benchmarks/iris.py --tables whiten), and the same numbers to the bit
+        # for one input channel and for 3 x 32 x 32 inputs; at some other sizes the sum's
+        # rounding order differs by an ulp or two
         coeffs = torch.fft.rfft2(t.float().contiguous(), norm="ortho")  # (N, C, H, W//2+1)
         mixed = self.blocks[:, 0] * coeffs[:, :1]
         for i in range(1, self.blocks.shape[1]):
@@ -1518,10 +1520,12 @@ def _descend(front, x, target, target_norm, recipe: IRIRecipe, gen, memory_forma
                     coords.add_power_(vi, coords.analysis(grad), 1 - b2)
                 denom = (vi / (1 - b2 ** (t + 1))).sqrt_().add_(1e-8)
                 # the step in z, back to x (in pixels: mi / denom, formed only if capped)
-                # (in the iterate's layout: mixed layouts take a slow path)
                 step = None if coords is None else coords.synthesis(
                     coords.scale_(coords.analysis(mi), denom)
-                ).contiguous(memory_format=memory_format)  # fmt: skip
+                )  # fmt: skip
+                if step is not None and memory_format == torch.channels_last:
+                    # in the iterate's layout: mixed layouts take a slow path on the CPU
+                    step = step.contiguous(memory_format=memory_format)
                 if capped:  # the step of size 1, then each sample's size
                     step = (mi / denom if step is None else step).mul_(1 / (1 - 0.9 ** (t + 1)))
                     _polyak_update(new, step, grad, err, recipe.polyak, alpha)
