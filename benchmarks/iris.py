@@ -184,18 +184,22 @@ def _whiten_before(fl, t: torch.Tensor) -> torch.Tensor:
 
 def _whitened_updates(fl, x0: torch.Tensor, grad: torch.Tensor, steps: int, now: bool):
     """``steps`` whitened Adam updates of ``x0`` with a fixed gradient, as stitchlab's
-    ``_descend`` runs them now (``now``) or ran them before (see :func:`measure_whiten`)."""
-    cl = torch.channels_last
+    ``_descend`` runs them now (``now``: its own ``_adam_moments``) or ran them before
+    (written out here; see :func:`measure_whiten`)."""
+    from stitchlab.iris import _adam_moments
+
     x, m = x0.clone(), torch.zeros_like(x0)
     v = fl.zeros_like(x0) if now else torch.zeros_like(x0)
-    apply = fl.analysis if now else (lambda t: _whiten_before(fl, t))
     for t in range(steps):
-        m.mul_(0.9).add_(grad, alpha=0.1)
-        z = apply(grad)
-        v.mul_(0.95).addcmul_(z, z, value=0.05)
-        denom = (v / (1 - 0.95 ** (t + 1))).sqrt_().add_(1e-8)
-        step = apply(apply(m).div_(denom))
-        x.sub_(step.contiguous(memory_format=cl) if now else step, alpha=0.01)
+        if now:
+            _, step = _adam_moments(m, v, grad, t, 0.95, fl, torch.channels_last)
+        else:
+            m.mul_(0.9).add_(grad, alpha=0.1)
+            z = _whiten_before(fl, grad)
+            v.mul_(0.95).addcmul_(z, z, value=0.05)
+            denom = (v / (1 - 0.95 ** (t + 1))).sqrt_().add_(1e-8)
+            step = _whiten_before(fl, _whiten_before(fl, m).div_(denom))
+        x.sub_(step, alpha=0.01)
         m.masked_fill_((x < 0) | (x > 1), 0.0)
         x.clamp_(0, 1)
     return x

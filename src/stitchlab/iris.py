@@ -1509,23 +1509,8 @@ def _descend(front, x, target, target_norm, recipe: IRIRecipe, gen, memory_forma
             else:  # Adam, in place on the moments (gathered copies once samples stopped)
                 mi = m if idx is None else m[idx]
                 vi = v if idx is None else v[idx]
-                b2 = recipe.adam_beta2
-                # the first moment is kept in x (linear, so it is the coordinates' moment
-                # mapped back), where the box is; the second in the coordinates
-                mi.mul_(0.9).add_(grad, alpha=0.1)
-                vi.mul_(b2)
-                if coords is None:
-                    vi.addcmul_(grad, grad, value=1 - b2)
-                else:
-                    coords.add_power_(vi, coords.analysis(grad), 1 - b2)
-                denom = (vi / (1 - b2 ** (t + 1))).sqrt_().add_(1e-8)
-                # the step in z, back to x (in pixels: mi / denom, formed only if capped)
-                step = None if coords is None else coords.synthesis(
-                    coords.scale_(coords.analysis(mi), denom)
-                )  # fmt: skip
-                if step is not None and memory_format == torch.channels_last:
-                    # in the iterate's layout: mixed layouts take a slow path on the CPU
-                    step = step.contiguous(memory_format=memory_format)
+                denom, step = _adam_moments(mi, vi, grad, t, recipe.adam_beta2, coords,
+                                            memory_format)  # fmt: skip
                 if capped:  # the step of size 1, then each sample's size
                     step = (mi / denom if step is None else step).mul_(1 / (1 - 0.9 ** (t + 1)))
                     _polyak_update(new, step, grad, err, recipe.polyak, alpha)
@@ -1550,6 +1535,31 @@ def _descend(front, x, target, target_norm, recipe: IRIRecipe, gen, memory_forma
                 if not bool(active.any()):
                     break
     return x_adv.detach()
+
+
+def _adam_moments(
+    mi: Tensor, vi: Tensor, grad: Tensor, t: int, b2: float, coords, memory_format
+) -> tuple[Tensor, Tensor | None]:
+    """Step ``t`` of Adam's moments, in place: the first moment ``mi`` in x (linear, so it
+    is the coordinates' moment mapped back; the box is in x), the second ``vi`` in
+    ``coords`` (:func:`_adam_coordinates`; None: pixels). Returns the bias-corrected
+    denominator and, in coordinates, the step ``synthesis(analysis(mi) / denom)`` in the
+    iterate's ``memory_format`` (in pixels None: ``mi / denom`` is formed only where it is
+    needed), before the first moment's bias correction."""
+    mi.mul_(0.9).add_(grad, alpha=0.1)
+    vi.mul_(b2)
+    if coords is None:
+        vi.addcmul_(grad, grad, value=1 - b2)
+    else:
+        coords.add_power_(vi, coords.analysis(grad), 1 - b2)
+    denom = (vi / (1 - b2 ** (t + 1))).sqrt_().add_(1e-8)
+    if coords is None:
+        return denom, None
+    step = coords.synthesis(coords.scale_(coords.analysis(mi), denom))
+    if memory_format == torch.channels_last:
+        # in the iterate's layout: mixed layouts take a slow path on the CPU
+        step = step.contiguous(memory_format=memory_format)
+    return denom, step
 
 
 def _polyak_update(
