@@ -48,8 +48,11 @@ data), the points, objectives and protocols, and the stitch-training and IRI set
     n_stitch = 1000
     training = { epochs = 8, lr = 3e-3 }
 
-    [iris]
+    [iris]                           # IRIRecipe fields (preset, steps, precondition, ...)
     steps = 40
+    seed = 0                         # the IRIs' random start (0 keeps earlier stores' keys)
+    threshold = 0.5                  # quality limits: a set above this median error, or
+    min_null_ratio = 10              # under 10x closer than another image, is flagged
 """
 
 from __future__ import annotations
@@ -322,10 +325,12 @@ def _validate(raw: dict[str, Any]) -> Experiment:
     iris = dict(raw.get("iris", {}))
     try:
         IRIRecipe.from_kwargs(
-            **{k: v for k, v in iris.items() if k not in ("threshold", "min_null_ratio")}
+            **{k: v for k, v in iris.items() if k not in ("threshold", "min_null_ratio", "seed")}
         )
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"[iris]: {exc}") from exc
+    if "seed" in iris and _int(iris["seed"], "[iris] seed") < 0:  # the IRIs' random start
+        raise ConfigError(f"[iris] seed must be >= 0, got {iris['seed']!r}")
     for key in ("threshold", "min_null_ratio"):
         if key in iris and (isinstance(iris[key], bool) or not isinstance(iris[key], (int, float))
                             or iris[key] <= 0):  # fmt: skip

@@ -308,10 +308,12 @@ def _iris_options(exp_raw: dict[str, Any]) -> tuple[dict[str, Any], float, float
 
 def iri_recipe(exp_raw: dict[str, Any]) -> IRIRecipe:
     """The resolved :class:`~stitchlab.iris.IRIRecipe` of an experiment's ``[iris]`` table
-    (stitchlab's default where the table names no preset or field)."""
+    (stitchlab's default where the table names no preset or field; ``seed``, the IRIs'
+    random start, is no part of the recipe)."""
     from ..iris import IRIRecipe
 
     opts, _, _ = _iris_options(exp_raw)
+    opts.pop("seed", None)
     return IRIRecipe.from_kwargs(**opts)
 
 
@@ -344,9 +346,12 @@ def _iris_key(exp_raw: dict[str, Any]) -> dict[str, Any]:
     """What an invariance-aware run's IRIs are: the resolved recipe (not the [iris] table's
     text, so that a change of stitchlab's default recipe is a new key, never a stale
     result) and the quality limits."""
-    _, threshold, min_ratio = _iris_options(exp_raw)
+    opts, threshold, min_ratio = _iris_options(exp_raw)
     recipe = iri_recipe(exp_raw).key_dict()
-    return {"recipe": recipe, "threshold": threshold, "min_null_ratio": min_ratio}
+    key = {"recipe": recipe, "threshold": threshold, "min_null_ratio": min_ratio}
+    if opts.get("seed", 0):  # seed 0, the default, keeps the keys of earlier stores
+        key["seed"] = opts["seed"]
+    return key
 
 
 def stitch_key(exp_raw: dict[str, Any], job: StitchRun) -> str:
