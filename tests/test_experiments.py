@@ -165,6 +165,12 @@ def test_iris_seed_is_checked_and_generates_another_set(tmp_path):
     assert _without_seconds([default]) == _without_seconds([zero])  # the same set, reused
     assert zero["iri_median_error"] != one["iri_median_error"]  # another random start
     assert len(list((tmp_path / "store" / "iris").iterdir())) == 2
+    # run.json records the seed, and the report's IRI line names it where it is not 0
+    from stitchlab.report.inputs import _iri_recipe
+
+    assert json.loads((tmp_path / "run1" / "run.json").read_text())["iris"]["seed"] == 1
+    assert _iri_recipe(tmp_path / "run1" / "run.json", []).endswith("; random start seed 1")
+    assert "seed" not in _iri_recipe(tmp_path / "runNone" / "run.json", [])
 
 
 def test_builtin_and_repository_configs_are_valid():

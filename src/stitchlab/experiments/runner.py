@@ -193,6 +193,7 @@ def run_experiment(
     summary["iris"] = {"total": len(iri_paths)}
     if iri_paths:  # the resolved recipe (the [iris] table's text may rely on the default)
         summary["iris"]["recipe"] = iri_recipe(raw).as_dict()
+        summary["iris"]["seed"] = raw["iris"].get("seed", 0)  # the random start
     summary["seconds"] = round(time.time() - start, 1)
     write_json(out / "run.json", {**summary, "config": raw})
     log.info(

@@ -345,7 +345,8 @@ def _iri_recipe(path: Path, notes: list[str]) -> str | None:
         return None
     recipe = iris["recipe"]
     try:
-        return describe_iri_recipe(recipe)
+        seed = iris.get("seed") or 0  # absent: a run from before the option, seed 0
+        return describe_iri_recipe(recipe) + (f"; random start seed {seed}" if seed else "")
     except (KeyError, TypeError, ValueError) as exc:
         notes.append(f"{path.name}: the IRI recipe it records is not readable ({exc}).")
         return None
