@@ -134,6 +134,12 @@ def test_iris_run_key_names_the_resolved_recipe():
     assert key({}, "standard") == key({"preset": "v1"}, "standard")
     # the IRIs' random start: seed 0 is the default's key, another seed another run
     assert key({"seed": 0}) == key({}) and key({"seed": 1}) != key({})
+    from stitchlab.experiments.jobs import _iris_key
+
+    def iris_key(iris):
+        return _iris_key(load_config({**copy.deepcopy(TINY), "iris": iris}).raw)
+
+    assert "seed" not in iris_key({"seed": 0}) and iris_key({"seed": 2})["seed"] == 2
     assert key({"seed": 1}, "standard") == key({}, "standard")
 
 
@@ -163,6 +169,7 @@ def test_iris_seed_is_checked_and_generates_another_set(tmp_path):
 
     default, zero, one = iri_rows(None), iri_rows(0), iri_rows(1)
     assert _without_seconds([default]) == _without_seconds([zero])  # the same set, reused
+    assert json.loads((tmp_path / "run0" / "run.json").read_text())["stitch"]["run"] == 0
     assert zero["iri_median_error"] != one["iri_median_error"]  # another random start
     assert len(list((tmp_path / "store" / "iris").iterdir())) == 2
     # run.json records the seed, and the report's IRI line names it where it is not 0
