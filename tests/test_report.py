@@ -284,6 +284,29 @@ def test_agreement_figure_axes():
         )
 
 
+def test_iri_quality_figure_point_names_do_not_overlap():
+    """The demo's IRI panel (4 points, 3 fronts, the legend outside) drew its point names
+    upright on top of each other; they are turned where they would overlap, and the
+    curves are the table's numbers."""
+    from stitchlab.report import plot_iri_quality
+    from stitchlab.report.figures import tick_labels_overlap
+
+    rows = [{"front": f, "point": f"blocks.{i}", "point_index": i + 1,
+             "iri_median_error": 0.01 * (i + 1), "iri_p90_error": 0.02 * (i + 1),
+             "iri_null_median": 1.0} for f in ("back", "seed1", "shortcut")
+            for i in range(4)]  # fmt: skip
+    fig = plot_iri_quality(pd.DataFrame(rows))
+    (ax,) = fig.axes
+    assert [t.get_text() for t in ax.get_xticklabels()] == [f"blocks.{i}" for i in range(4)]
+    assert not tick_labels_overlap(fig, ax)
+    assert ax.get_yscale() == "log"
+    medians = [list(ln.get_ydata()) for ln in ax.lines if ln.get_linestyle() == "-"]
+    assert medians == [[0.01, 0.02, 0.03, 0.04]] * 3
+    # two short names fit upright and stay so
+    fig = plot_iri_quality(pd.DataFrame([r | {"point": r["point"][-1]} for r in rows[:2]]))
+    assert all(t.get_rotation() == 0 for t in fig.axes[0].get_xticklabels())
+
+
 def test_missing_required_column(tmp_path):
     df = pd.DataFrame([_row(agreement=50.0)]).drop(columns=["agreement", "seed"])
     df.to_csv(tmp_path / "results.csv", index=False)

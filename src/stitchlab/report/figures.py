@@ -157,6 +157,21 @@ def _point_axis(ax: Axes, names: Sequence[str], references: bool) -> None:
     ax.grid(False, axis="x")
 
 
+def tick_labels_overlap(fig: Figure, ax: Axes) -> bool:
+    """Whether any two of ``ax``'s x tick labels overlap as ``fig`` is drawn now."""
+    fig.canvas.draw()
+    boxes = [t.get_window_extent() for t in ax.get_xticklabels() if t.get_text()]
+    return any(a.overlaps(b) for a, b in zip(boxes, boxes[1:]))
+
+
+def _rotate_crowded_points(fig: Figure, ax: Axes) -> None:
+    """Turn the point names 45 degrees where they overlap upright (a narrow axis beside an
+    outside legend, where :func:`_point_axis`'s rule by name lengths cannot see the width)."""
+    if tick_labels_overlap(fig, ax):
+        for label in ax.get_xticklabels():
+            label.set(rotation=45, ha="right", rotation_mode="anchor")
+
+
 def _spread_bounds(rows: pd.DataFrame, spread: Spread) -> tuple[np.ndarray, np.ndarray] | None:
     if spread == "none" or int(rows["n"].max()) < 2:
         return None
@@ -719,7 +734,10 @@ def plot_iri_quality(table: pd.DataFrame, *, title: str | None = None) -> Figure
     points = table.drop_duplicates("point_index").sort_values("point_index")
     pos = {int(i): k + 1 for k, i in enumerate(points["point_index"])}
     fronts = ordered(table["front"].astype(str))
-    fig = _figure(max(3.6, 0.35 * len(pos) + 2.2), 3.2)
+    # room for the point names upright beside the legend (about 0.075 in a character), up
+    # to 7 in; past that they are turned
+    longest = max(len(str(p)) for p in points["point"])
+    fig = _figure(min(7.0, max(3.6, 2.8 + len(pos) * max(0.35, 0.075 * longest + 0.1))), 3.2)
     ax = fig.subplots()
     palette = mpl.colormaps["tab10"]
     for n, front in enumerate(fronts):
@@ -750,6 +768,7 @@ def plot_iri_quality(table: pd.DataFrame, *, title: str | None = None) -> Figure
     fig.legend(handles=handles, loc="outside right center", frameon=False)
     if title:
         fig.suptitle(title, fontweight="bold")
+    _rotate_crowded_points(fig, ax)
     return fig
 
 
