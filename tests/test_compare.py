@@ -205,6 +205,38 @@ def test_compare_identical_model_scores_100(tmp_path, folder):
     assert row["null_seeds"] == 1 and 0 <= row["null_agreement"] <= 100
 
 
+def test_compare_iri_seeds_give_each_stitch_seed_its_own_iris(tmp_path, folder):
+    """iri_seeds=True: stitch seed k stitches on IRIs of random start k (two sets, two
+    errors); the default shares seed 0's set (one set, one error) and keeps its keys."""
+    from stitchlab import models
+
+    torch.manual_seed(0)
+    path = models.save(models.create("small_cnn", num_classes=3, width=8),
+                       tmp_path / "m.safetensors")  # fmt: skip
+
+    def runs(iri_seeds, out):
+        s = CompareSettings.quick(front=str(path), back=str(path), data=str(folder),
+                                  points=("blocks.1",), protocols=("iris",), seeds=2,
+                                  null_seeds=0, epochs=1, iri_steps=5,
+                                  iri_seeds=iri_seeds)  # fmt: skip
+        df = run_compare(s, tmp_path / out, store=tmp_path / f"store-{iri_seeds}",
+                         progress=False, echo=lambda _: None)  # fmt: skip
+        per_run = pd.read_csv(tmp_path / out / "runs.csv")
+        sets = list((tmp_path / f"store-{iri_seeds}" / "iris").iterdir())
+        return df, per_run, sets
+
+    _, shared, shared_sets = runs(False, "shared")
+    _, own, own_sets = runs(True, "own")
+    assert len(shared_sets) == 1 and shared["iri_median_error"].nunique() == 1
+    assert len(own_sets) == 2 and own["iri_median_error"].nunique() == 2
+    assert sorted(own["seed"]) == [0, 1]
+    # seed 0's IRIs are the same set either way; seed 1's differ
+    by_seed = dict(zip(own["seed"], own["iri_median_error"]))
+    assert by_seed[0] == shared["iri_median_error"].iloc[0] != by_seed[1]
+    with pytest.raises(TypeError):
+        CompareSettings.quick(front=str(path), back=str(path), data=str(folder), iri_seeds=1)
+
+
 def test_compare_torchvision_vs_timm_different_inputs(tmp_path, folder):
     import torchvision
 

@@ -186,7 +186,7 @@ _COMPARE_ARGS = ("front_weights", "back_weights", "front_num_classes", "back_num
                  "front_rate", "back_rate", "clip_seconds", "image_size", "test_fraction",
                  "n_points", "objectives", "protocols", "seeds",
                  "null_seeds", "n_stitch", "n_test", "n_init", "epochs", "lr", "iri_steps",
-                 "device")  # fmt: skip
+                 "iri_seeds", "device")  # fmt: skip
 
 
 def _run_compare(settings, out: str, store: str | None, no_progress: bool) -> int:
@@ -465,6 +465,9 @@ def _parser() -> argparse.ArgumentParser:
     cmp_.add_argument("--lr", type=float, default=None)
     cmp_.add_argument("--iri-steps", type=int, default=None,
                       help="IRI optimisation steps (200 for images, 300 for audio)")
+    cmp_.add_argument("--iri-seeds", action="store_true", default=None,
+                      help="each stitch seed on IRIs of its own random start: the interval "
+                      "includes IRI-generation variability (IRIs cost --seeds times as much)")
     cmp_.add_argument("--device", default=None, help="cpu (default), cuda, cuda:1, ...")
     _add_random_init(cmp_)
     cmp_.add_argument("--no-progress", action="store_true")

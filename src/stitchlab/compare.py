@@ -20,7 +20,10 @@ Every score comes with
 
 SLM, DM and FuLA never need labels; HLM does and is skipped on unlabelled data (and so is
 accuracy). The IRIs of one front point are generated once (seed 0) and shared by every
-stitch seed: the interval does not include IRI-generation variability.
+stitch seed: the interval does not include IRI-generation variability, unless
+``iri_seeds=True`` gives every stitch seed (and every null front) IRIs of its own random
+start, at ``seeds`` times the IRI cost. On the demo's small CNNs the random start moved a
+score by up to 4.1 points (docs/validation/iri_convergence.md, "Over IRI seeds").
 
 Points: by default ``n_points`` stitch points of the front spread over its depth, each
 matched to the back point at the nearest relative depth (depth = (index + 1) / number of
@@ -89,7 +92,9 @@ class CompareSettings:
     ``"depth"``, ``"grid"`` or a list (see the module docstring). ``null_seeds``: random
     fronts per cell (default: ``seeds``; 0 turns the null off). ``iri_steps``: IRI
     optimisation steps (default: the IRI recipe's, 200 for images and the ``audio``
-    preset's 300 for speech models).
+    preset's 300 for speech models). ``iri_seeds``: each stitch seed on IRIs of its own
+    random start (seed k uses IRI seed k), so that the interval includes IRI-generation
+    variability; the IRIs then cost ``seeds`` times as much.
     """
 
     front: str
@@ -124,6 +129,7 @@ class CompareSettings:
     lr: float = 3e-3
     batch_size: int = 128
     iri_steps: int | None = None  # None: the recipe's (200 for images, 300 for audio)
+    iri_seeds: bool = False  # each stitch seed on IRIs of its own random start
     bootstrap: int = 1000
     confidence: float = 0.95
     data_seed: int = 0
@@ -492,6 +498,8 @@ def run_compare(
     common = {"v": _VERSION, "front": front.fingerprint, "back": back.fingerprint,
               "data": data_key, "n_init": s.n_init, "epochs": s.epochs, "lr": s.lr,
               "batch_size": s.batch_size, "iri_steps": recipe.steps}  # fmt: skip
+    if s.iri_seeds:  # False adds nothing: the keys of earlier stores stay valid
+        common["iri_seeds"] = True
     runs = []
     for f, b in cells:
         for protocol in s.protocols:
@@ -556,7 +564,7 @@ def _estimate(s, front, back, shape, iri_steps, cells, todo) -> str:
     except Exception as exc:  # the real run will report it properly
         return f"not available ({type(exc).__name__})"
     depth = dict(zip(front.points, _depths(front.points)))
-    fronts = {(r["front_point"], r["null"], r["seed"] if r["null"] else 0)
+    fronts = {(r["front_point"], r["null"], r["seed"] if r["null"] or s.iri_seeds else 0)
               for r in todo if r["protocol"] == "iris"}  # fmt: skip
     # an IRI step runs the front's prefix only (about its relative depth of the network)
     iris = sum(depth[f] for f, _, _ in fronts) * iri_steps * s.n_stitch * tf
@@ -623,12 +631,17 @@ def _execute(s, front, back, stitch_set, test_set, reference, todo, store, progr
                       layouts=_layouts(front, back, f, b), device=s.device)  # fmt: skip
         sets, transfer = {}, {}
         for r in sorted(group, key=lambda r: (r["protocol"], r["seed"])):
-            if r["protocol"] not in sets:
+            # the IRIs' random start: the stitch seed's own under iri_seeds, else seed 0
+            iri_seed = r["seed"] if s.iri_seeds and r["protocol"] == "iris" else 0
+            which = (r["protocol"], iri_seed)
+            if which not in sets:
+                sets.clear()  # one set at a time in memory
+                transfer.clear()
                 proto = Standard() if r["protocol"] == "standard" else InvarianceAware(
                     cache=str(store / "iris"), recipe=recipe, allow_flagged=True)
-                sets[r["protocol"]] = st.collect(stitch_set, proto)
-                transfer[r["protocol"]] = _transfer(sets[r["protocol"]], front_model, back.model)
-            sset = sets[r["protocol"]]
+                sets[which] = st.collect(stitch_set, proto, seed=iri_seed)
+                transfer[which] = _transfer(sets[which], front_model, back.model)
+            sset = sets[which]
             seed = r["seed"]
             init = st.initialise(stitch_set, samples=s.n_init, seed=seed)
             cfg = TrainingConfig(epochs=s.epochs, lr=s.lr, batch_size=s.batch_size,
@@ -647,7 +660,7 @@ def _execute(s, front, back, stitch_set, test_set, reference, todo, store, progr
                 "iri_median_error": None if q is None else q.median_error,
                 "iri_null_ratio": None if q is None else q.null_ratio,
                 "iri_flagged": None if q is None else bool(q.flagged),
-                **transfer[r["protocol"]],
+                **transfer[which],
                 "init_residual": model.record.init_residual,
                 "seconds": round(time.time() - t, 2),
             })  # fmt: skip
