@@ -207,32 +207,47 @@ def test_compare_identical_model_scores_100(tmp_path, folder):
 
 def test_compare_iri_seeds_give_each_stitch_seed_its_own_iris(tmp_path, folder):
     """iri_seeds=True: stitch seed k stitches on IRIs of random start k (two sets, two
-    errors); the default shares seed 0's set (one set, one error) and keeps its keys."""
+    errors); the default shares seed 0's set. Switching it on reuses every stored run on
+    start 0 (seed 0's IRI run, the standard runs, the null's) and computes only seed 1's
+    IRI run; null fronts keep start 0."""
     from stitchlab import models
 
     torch.manual_seed(0)
     path = models.save(models.create("small_cnn", num_classes=3, width=8),
                        tmp_path / "m.safetensors")  # fmt: skip
+    store = tmp_path / "store"
 
     def runs(iri_seeds, out):
         s = CompareSettings.quick(front=str(path), back=str(path), data=str(folder),
-                                  points=("blocks.1",), protocols=("iris",), seeds=2,
-                                  null_seeds=0, epochs=1, iri_steps=5,
-                                  iri_seeds=iri_seeds)  # fmt: skip
-        df = run_compare(s, tmp_path / out, store=tmp_path / f"store-{iri_seeds}",
-                         progress=False, echo=lambda _: None)  # fmt: skip
+                                  points=("blocks.1",), seeds=2, null_seeds=1, epochs=1,
+                                  iri_steps=5, iri_seeds=iri_seeds)  # fmt: skip
+        df = run_compare(s, tmp_path / out, store=store, progress=False, echo=lambda _: None)
         per_run = pd.read_csv(tmp_path / out / "runs.csv")
-        sets = list((tmp_path / f"store-{iri_seeds}" / "iris").iterdir())
-        return df, per_run, sets
+        return df, per_run[per_run.protocol == "iris"]
 
-    _, shared, shared_sets = runs(False, "shared")
-    _, own, own_sets = runs(True, "own")
-    assert len(shared_sets) == 1 and shared["iri_median_error"].nunique() == 1
-    assert len(own_sets) == 2 and own["iri_median_error"].nunique() == 2
-    assert sorted(own["seed"]) == [0, 1]
-    # seed 0's IRIs are the same set either way; seed 1's differ
-    by_seed = dict(zip(own["seed"], own["iri_median_error"]))
-    assert by_seed[0] == shared["iri_median_error"].iloc[0] != by_seed[1]
+    _, shared = runs(False, "shared")
+    stored = set((store / "compare").iterdir())
+    assert len(stored) == 2 * 3  # 2 protocols x (2 seeds + 1 null)
+    assert len(list((store / "iris").iterdir())) == 2  # the front's and the null's
+    real = shared[~shared.null]
+    assert real["iri_median_error"].nunique() == 1
+    _, own = runs(True, "own")
+    new = set((store / "compare").iterdir()) - stored
+    assert len(new) == 1  # only seed 1's IRI run
+    assert json.loads(next(iter(new)).read_text())["run"] | {} == {
+        "front_point": "blocks.1", "back_point": "blocks.1", "protocol": "iris",
+        "objective": "slm", "null": False, "seed": 1}  # fmt: skip
+    assert len(list((store / "iris").iterdir())) == 3  # + the front's start 1
+    mine = own[~own.null]
+    by_seed = dict(zip(mine["seed"], mine["iri_median_error"]))
+    assert by_seed[0] == real["iri_median_error"].iloc[0] != by_seed[1]
+    # the null front's IRIs are the same set either way
+    assert own[own.null]["iri_median_error"].tolist() == shared[shared.null][
+        "iri_median_error"].tolist()
+    summary = json.loads((tmp_path / "own" / "summary.json").read_text())
+    assert summary["settings"]["iri_seeds"] is True
+    assert "own random start" in (tmp_path / "own" / "report.html").read_text()
+    assert "every seed on one IRI set" in (tmp_path / "shared" / "report.html").read_text()
     with pytest.raises(TypeError):
         CompareSettings.quick(front=str(path), back=str(path), data=str(folder), iri_seeds=1)
 

@@ -302,6 +302,13 @@ def test_iri_quality_figure_point_names_do_not_overlap():
     assert ax.get_yscale() == "log"
     medians = [list(ln.get_ydata()) for ln in ax.lines if ln.get_linestyle() == "-"]
     assert medians == [[0.01, 0.02, 0.03, 0.04]] * 3
+    # long front names take the legend's room: the names that would overlap are turned
+    from stitchlab.report.figures import _rotate_crowded_points
+
+    long_rows = [r | {"front": r["front"] * 5} for r in rows]
+    fig = plot_iri_quality(pd.DataFrame(long_rows))
+    assert all(t.get_rotation() == 45 for t in fig.axes[0].get_xticklabels())
+    _rotate_crowded_points(fig, fig.axes[0])  # idempotent once turned
     # two short names fit upright and stay so
     fig = plot_iri_quality(pd.DataFrame([r | {"point": r["point"][-1]} for r in rows[:2]]))
     assert all(t.get_rotation() == 0 for t in fig.axes[0].get_xticklabels())

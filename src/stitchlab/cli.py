@@ -467,7 +467,8 @@ def _parser() -> argparse.ArgumentParser:
                       help="IRI optimisation steps (200 for images, 300 for audio)")
     cmp_.add_argument("--iri-seeds", action="store_true", default=None,
                       help="each stitch seed on IRIs of its own random start: the interval "
-                      "includes IRI-generation variability (IRIs cost --seeds times as much)")
+                      "includes IRI-generation variability (the front's IRIs cost --seeds "
+                      "times as much)")
     cmp_.add_argument("--device", default=None, help="cpu (default), cuda, cuda:1, ...")
     _add_random_init(cmp_)
     cmp_.add_argument("--no-progress", action="store_true")

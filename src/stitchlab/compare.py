@@ -21,8 +21,9 @@ Every score comes with
 SLM, DM and FuLA never need labels; HLM does and is skipped on unlabelled data (and so is
 accuracy). The IRIs of one front point are generated once (seed 0) and shared by every
 stitch seed: the interval does not include IRI-generation variability, unless
-``iri_seeds=True`` gives every stitch seed (and every null front) IRIs of its own random
-start, at ``seeds`` times the IRI cost. On the demo's small CNNs the random start moved a
+``iri_seeds=True`` gives every stitch seed IRIs of its own random start, at ``seeds``
+times the real front's IRI cost (null fronts keep start 0: their IRIs already differ by
+their weights). On the demo's small CNNs the random start moved a
 score by up to 4.1 points (docs/validation/iri_convergence.md, "Over IRI seeds").
 
 Points: by default ``n_points`` stitch points of the front spread over its depth, each
@@ -94,7 +95,8 @@ class CompareSettings:
     optimisation steps (default: the IRI recipe's, 200 for images and the ``audio``
     preset's 300 for speech models). ``iri_seeds``: each stitch seed on IRIs of its own
     random start (seed k uses IRI seed k), so that the interval includes IRI-generation
-    variability; the IRIs then cost ``seeds`` times as much.
+    variability; the real front's IRIs then cost ``seeds`` times as much (null fronts
+    keep start 0).
     """
 
     front: str
@@ -498,8 +500,6 @@ def run_compare(
     common = {"v": _VERSION, "front": front.fingerprint, "back": back.fingerprint,
               "data": data_key, "n_init": s.n_init, "epochs": s.epochs, "lr": s.lr,
               "batch_size": s.batch_size, "iri_steps": recipe.steps}  # fmt: skip
-    if s.iri_seeds:  # False adds nothing: the keys of earlier stores stay valid
-        common["iri_seeds"] = True
     runs = []
     for f, b in cells:
         for protocol in s.protocols:
@@ -508,7 +508,11 @@ def run_compare(
                     for seed in range(count):
                         spec = {"front_point": f, "back_point": b, "protocol": protocol,
                                 "objective": objective, "null": null, "seed": seed}  # fmt: skip
-                        runs.append(spec | {"key": _key(common | spec)})
+                        # a run on IRIs of another random start than 0 is another run; all
+                        # others keep their keys, whether iri_seeds is on or not
+                        start = _iri_seed(s, spec)
+                        key = _key(common | spec | ({"iri_seed": start} if start else {}))
+                        runs.append(spec | {"key": key})
     todo = [r for r in runs if not (store / "compare" / f"{r['key']}.json").exists()]
     echo(_plan_text(s, data, front, back, cells, objectives, runs, todo,
                     _estimate(s, front, back, data.item_shape, recipe.steps, cells,
@@ -564,7 +568,7 @@ def _estimate(s, front, back, shape, iri_steps, cells, todo) -> str:
     except Exception as exc:  # the real run will report it properly
         return f"not available ({type(exc).__name__})"
     depth = dict(zip(front.points, _depths(front.points)))
-    fronts = {(r["front_point"], r["null"], r["seed"] if r["null"] or s.iri_seeds else 0)
+    fronts = {(r["front_point"], r["null"], r["seed"] if r["null"] else _iri_seed(s, r))
               for r in todo if r["protocol"] == "iris"}  # fmt: skip
     # an IRI step runs the front's prefix only (about its relative depth of the network)
     iris = sum(depth[f] for f, _, _ in fronts) * iri_steps * s.n_stitch * tf
@@ -572,6 +576,12 @@ def _estimate(s, front, back, shape, iri_steps, cells, todo) -> str:
     total = iris + fits
     return (f"about {_duration(total)} (IRIs {_duration(iris)}, stitching "
             f"{_duration(fits)}; from one timed batch, often off by 2x)")  # fmt: skip
+
+
+def _iri_seed(s: CompareSettings, run: dict) -> int:
+    """The random start of a run's IRIs: the stitch seed's own under ``iri_seeds`` for the
+    real front's IRI runs; 0 otherwise (a null front's IRIs vary with its weights)."""
+    return run["seed"] if s.iri_seeds and run["protocol"] == "iris" and not run["null"] else 0
 
 
 def _duration(seconds: float) -> str:
@@ -631,8 +641,7 @@ def _execute(s, front, back, stitch_set, test_set, reference, todo, store, progr
                       layouts=_layouts(front, back, f, b), device=s.device)  # fmt: skip
         sets, transfer = {}, {}
         for r in sorted(group, key=lambda r: (r["protocol"], r["seed"])):
-            # the IRIs' random start: the stitch seed's own under iri_seeds, else seed 0
-            iri_seed = r["seed"] if s.iri_seeds and r["protocol"] == "iris" else 0
+            iri_seed = _iri_seed(s, r)
             which = (r["protocol"], iri_seed)
             if which not in sets:
                 sets.clear()  # one set at a time in memory

@@ -735,9 +735,11 @@ def plot_iri_quality(table: pd.DataFrame, *, title: str | None = None) -> Figure
     pos = {int(i): k + 1 for k, i in enumerate(points["point_index"])}
     fronts = ordered(table["front"].astype(str))
     # room for the point names upright beside the legend (about 0.075 in a character), up
-    # to 7 in; past that they are turned
+    # to 7 in; names that _point_axis turns anyway need no more than 0.35 in a point
     longest = max(len(str(p)) for p in points["point"])
-    fig = _figure(min(7.0, max(3.6, 2.8 + len(pos) * max(0.35, 0.075 * longest + 0.1))), 3.2)
+    upright = len(pos) <= 6 and longest * len(pos) <= 45
+    per_point = max(0.35, 0.075 * longest + 0.1) if upright else 0.35
+    fig = _figure(min(7.0, max(3.6, (2.8 if upright else 2.2) + len(pos) * per_point)), 3.2)
     ax = fig.subplots()
     palette = mpl.colormaps["tab10"]
     for n, front in enumerate(fronts):
