@@ -121,16 +121,14 @@ def write_compare_report(out: str | Path, results: pd.DataFrame, summary: dict[s
     ``report.html`` under ``out``; returns the report's path."""
     out = Path(out)
     figs = out / "figures"
+    starts = ("each seed on IRIs of its own random start" if summary["settings"].get("iri_seeds")
+              else "under IRIs every seed on one IRI set, so without the IRIs' random start")
     entries = [FigureEntry(
         "profile", "Similarity along the depth",
         "Agreement of the stitched model with the back on held-out images, against the "
         "front point's relative depth. Bands: the interval over stitch seeds and test images "
-        f"({summary['settings']['confidence']:.0%}"
-        + ("; each seed on IRIs of its own random start"
-           if summary["settings"].get("iri_seeds") else
-           "; under IRIs every seed on one IRI set, so without the IRIs' random start")
-        + "). Dotted: the null, the same back stitched "
-        "from a randomly initialised front of the front's architecture.",
+        f"({summary['settings']['confidence']:.0%}; {starts}). Dotted: the null, the same "
+        "back stitched from a randomly initialised front of the front's architecture.",
         _save(plot_profile(results), figs, "profile"),
         ["figures/profile.png", "figures/profile.pdf"])]  # fmt: skip
     if grid:

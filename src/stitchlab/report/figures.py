@@ -147,14 +147,20 @@ def _point_axis(ax: Axes, names: Sequence[str], references: bool) -> None:
     else:
         ticks = list(range(1, len(labels) + 1))
         ax.set_xlim(0.5, len(labels) + 0.5)
-    longest = max((len(s) for s in labels), default=0)
-    rotate = len(labels) > 6 or longest * len(labels) > 45
+    rotate = _names_turned(labels)
     ax.set_xticks(ticks)
     ax.set_xticklabels(
         labels, rotation=45 if rotate else 0, ha="right" if rotate else "center",
         rotation_mode="anchor",
     )  # fmt: skip
     ax.grid(False, axis="x")
+
+
+def _names_turned(labels: Sequence[str]) -> bool:
+    """Whether :func:`_point_axis` turns these point names 45 degrees (by their count and
+    lengths alone)."""
+    longest = max((len(s) for s in labels), default=0)
+    return len(labels) > 6 or longest * len(labels) > 45
 
 
 def tick_labels_overlap(fig: Figure, ax: Axes) -> bool:
@@ -166,7 +172,10 @@ def tick_labels_overlap(fig: Figure, ax: Axes) -> bool:
 
 def _rotate_crowded_points(fig: Figure, ax: Axes) -> None:
     """Turn the point names 45 degrees where they overlap upright (a narrow axis beside an
-    outside legend, where :func:`_point_axis`'s rule by name lengths cannot see the width)."""
+    outside legend, where :func:`_point_axis`'s rule by name lengths cannot see the width).
+    Names already turned are left as they are, without drawing the figure."""
+    if any(label.get_rotation() for label in ax.get_xticklabels()):
+        return
     if tick_labels_overlap(fig, ax):
         for label in ax.get_xticklabels():
             label.set(rotation=45, ha="right", rotation_mode="anchor")
@@ -736,9 +745,9 @@ def plot_iri_quality(table: pd.DataFrame, *, title: str | None = None) -> Figure
     fronts = ordered(table["front"].astype(str))
     # room for the point names upright beside the legend (about 0.075 in a character), up
     # to 7 in; names that _point_axis turns anyway need no more than 0.35 in a point
-    longest = max(len(str(p)) for p in points["point"])
-    upright = len(pos) <= 6 and longest * len(pos) <= 45
-    per_point = max(0.35, 0.075 * longest + 0.1) if upright else 0.35
+    names = points["point"].astype(str).tolist()
+    upright = not _names_turned(names)
+    per_point = max(0.35, 0.075 * max(map(len, names)) + 0.1) if upright else 0.35
     fig = _figure(min(7.0, max(3.6, (2.8 if upright else 2.2) + len(pos) * per_point)), 3.2)
     ax = fig.subplots()
     palette = mpl.colormaps["tab10"]
@@ -751,7 +760,7 @@ def plot_iri_quality(table: pd.DataFrame, *, title: str | None = None) -> Figure
                 colour = palette(n % 10)
                 ax.plot(x, rows[col], ls=ls, marker="o", color=colour, mec=colour,
                         mfc=mfc or colour, clip_on=False)  # fmt: skip
-    _point_axis(ax, points["point"].astype(str).tolist(), references=False)
+    _point_axis(ax, names, references=False)
     if "iri_null_median" in table and table["iri_null_median"].notna().any():
         ax.set_yscale("log")  # errors of 0.01 and a null of 1 on one axis
     else:
