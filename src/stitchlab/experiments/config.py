@@ -321,12 +321,11 @@ def _validate(raw: dict[str, Any]) -> Experiment:
     raw["stitch"] = stitch
 
     from ..iris import IRIRecipe
+    from .jobs import IRIS_SET_KEYS
 
     iris = dict(raw.get("iris", {}))
     try:
-        IRIRecipe.from_kwargs(
-            **{k: v for k, v in iris.items() if k not in ("threshold", "min_null_ratio", "seed")}
-        )
+        IRIRecipe.from_kwargs(**{k: v for k, v in iris.items() if k not in IRIS_SET_KEYS})
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"[iris]: {exc}") from exc
     if "seed" in iris and _int(iris["seed"], "[iris] seed") < 0:  # the IRIs' random start

@@ -297,6 +297,10 @@ def load_model(exp_raw: dict[str, Any], store: Path, name: str):
     return CACHE.get(f"model:{path}", lambda: models.load(path, device=device).eval())
 
 
+#: The [iris] keys that are not IRIRecipe fields: the quality limits and the random start
+IRIS_SET_KEYS = ("threshold", "min_null_ratio", "seed")
+
+
 def _iris_options(exp_raw: dict[str, Any]) -> tuple[dict[str, Any], float, float]:
     from ..iris import MIN_NULL_RATIO, THRESHOLD
 
@@ -312,9 +316,9 @@ def iri_recipe(exp_raw: dict[str, Any]) -> IRIRecipe:
     random start, is no part of the recipe)."""
     from ..iris import IRIRecipe
 
-    opts, _, _ = _iris_options(exp_raw)
-    opts.pop("seed", None)
-    return IRIRecipe.from_kwargs(**opts)
+    return IRIRecipe.from_kwargs(
+        **{k: v for k, v in exp_raw["iris"].items() if k not in IRIS_SET_KEYS}
+    )
 
 
 def iris_job(job: IRIJob) -> dict[str, Any]:
