@@ -185,6 +185,10 @@ def load_config(source: str | Path | dict[str, Any]) -> Experiment:
     return _validate(raw)
 
 
+#: The [iris] keys that are not IRIRecipe fields: the quality limits and the random start
+IRIS_SET_KEYS = ("threshold", "min_null_ratio", "seed")
+
+
 def _validate(raw: dict[str, Any]) -> Experiment:
     from .. import models as model_registry
     from ..models.audio import SPEECH_MODELS
@@ -321,7 +325,6 @@ def _validate(raw: dict[str, Any]) -> Experiment:
     raw["stitch"] = stitch
 
     from ..iris import IRIRecipe
-    from .jobs import IRIS_SET_KEYS
 
     iris = dict(raw.get("iris", {}))
     try:

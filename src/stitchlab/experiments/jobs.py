@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ..store import DamagedEntry, lock, read_json, write_json
-from .config import stable_hash
+from .config import IRIS_SET_KEYS, stable_hash
 from .datasets import (
     CACHE,
     base_data,
@@ -295,10 +295,6 @@ def load_model(exp_raw: dict[str, Any], store: Path, name: str):
     path = model_dir(store, exp_raw, name) / MODEL_FILE
     device = exp_raw["run"]["device"]
     return CACHE.get(f"model:{path}", lambda: models.load(path, device=device).eval())
-
-
-#: The [iris] keys that are not IRIRecipe fields: the quality limits and the random start
-IRIS_SET_KEYS = ("threshold", "min_null_ratio", "seed")
 
 
 def _iris_options(exp_raw: dict[str, Any]) -> tuple[dict[str, Any], float, float]:
