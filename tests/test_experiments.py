@@ -180,6 +180,67 @@ def test_iris_seed_is_checked_and_generates_another_set(tmp_path):
     assert "seed" not in _iri_recipe(tmp_path / "runNone" / "run.json", [])
 
 
+def test_iris_per_stitch_seed_gives_each_stitch_seed_its_own_random_start(tmp_path):
+    """``[iris] per_stitch_seed``: stitch seed s trains on IRIs of random start seed + s.
+    Switching it on reuses the runs whose start it leaves as it was (stitch seed 0's and
+    every standard run) and makes one new set per other stitch seed; a CKA-only run
+    records its IRI recipe (its test IRIs) in run.json."""
+    from stitchlab.experiments.jobs import iri_seed
+    from stitchlab.report.inputs import _iri_recipe
+
+    for bad in (1, "yes"):
+        config = copy.deepcopy(TINY)
+        config["iris"] = {"per_stitch_seed": bad}
+        with pytest.raises(ConfigError, match=r"\[iris\] per_stitch_seed"):
+            load_config(config)
+    config = copy.deepcopy(TINY)
+    config["stitch"]["seeds"] = [0, -1]
+    config["iris"] = {"per_stitch_seed": True}
+    with pytest.raises(ConfigError, match=r"\[stitch\] seeds must be >= 0"):
+        load_config(config)
+    assert [iri_seed({"iris": {"seed": 2, "per_stitch_seed": True}}, s) for s in (0, 3)] == [2, 5]
+    assert iri_seed({"iris": {"seed": 2}}, 3) == 2 and iri_seed({"iris": {}}, 3) == 0
+
+    def run(per_stitch_seed, out):
+        config = copy.deepcopy(TINY)
+        config["pairs"] = {"cross-seed": TINY["pairs"]["cross-seed"]}
+        config["stitch"].update(points=["blocks.1"], objectives=["slm"], seeds=[0, 1])
+        config["iris"] = {**TINY["iris"], "per_stitch_seed": per_stitch_seed}
+        summary = run_experiment(config, tmp_path / out, store=tmp_path / "store",
+                                 progress=False)  # fmt: skip
+        rows = {(r["protocol"], r["stitch_seed"]): r for r in _rows(tmp_path / out / "results.csv")}
+        return summary, rows
+
+    shared, before = run(False, "shared")
+    assert shared["stitch"] == {"run": 4, "total": 4} and shared["iris"]["total"] == 1
+    assert len(list((tmp_path / "store" / "iris").iterdir())) == 1
+    own, after = run(True, "own")
+    # only stitch seed 1's IRI run is new, on a new set of random start 1
+    assert own["stitch"] == {"run": 1, "total": 4} and own["iris"]["total"] == 2
+    assert len(list((tmp_path / "store" / "iris").iterdir())) == 2
+    assert [after[("iris", s)]["iri_seed"] for s in ("0", "1")] == ["0", "1"]
+    assert before[("iris", "1")]["iri_seed"] == "0" and after[("standard", "1")]["iri_seed"] == ""
+    for key in (("iris", "0"), ("standard", "0"), ("standard", "1")):
+        assert _without_seconds([after[key]]) == _without_seconds([before[key]]), key
+    assert before[("iris", "1")]["iri_median_error"] == before[("iris", "0")]["iri_median_error"]
+    assert after[("iris", "1")]["iri_median_error"] != after[("iris", "0")]["iri_median_error"]
+    recorded = json.loads((tmp_path / "own" / "run.json").read_text())["iris"]
+    assert recorded["per_stitch_seed"] is True and recorded["seed"] == 0
+    line = _iri_recipe(tmp_path / "own" / "run.json", [])
+    assert line.endswith("; random start: the stitch seed")
+    assert "random start" not in _iri_recipe(tmp_path / "shared" / "run.json", [])
+
+    # a CKA-only run (no IRI protocol) still records the recipe of its test IRIs
+    config = copy.deepcopy(TINY)
+    config["pairs"] = {"cross-seed": TINY["pairs"]["cross-seed"]}
+    config["stitch"].update(points=["blocks.1"], objectives=["slm"], protocols=["standard"],
+                            cka=True)  # fmt: skip
+    run_experiment(config, tmp_path / "cka", store=tmp_path / "store", progress=False)
+    recorded = json.loads((tmp_path / "cka" / "run.json").read_text())["iris"]
+    assert recorded["total"] == 0 and recorded["cka_sets"] == 1 and "recipe" in recorded
+    assert "adam steps" in _iri_recipe(tmp_path / "cka" / "run.json", [])
+
+
 def test_builtin_and_repository_configs_are_valid():
     from pathlib import Path
 

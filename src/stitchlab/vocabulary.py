@@ -58,8 +58,8 @@ IRI_TRANSFER_COLUMNS: tuple[str, ...] = (
 # One row per stitch run of an experiment (results.csv / results.parquet).
 RESULT_COLUMNS: list[str] = [
     "experiment", "pair", "front", "back", "point", "point_index", "objective", "protocol",
-    "seed", "stitch_seed", "marker", "agreement", "agreement_ci_low", "agreement_ci_high",
-    "agreement_normalized", "accuracy",
+    "seed", "stitch_seed", "iri_seed", "marker", "agreement", "agreement_ci_low",
+    "agreement_ci_high", "agreement_normalized", "accuracy",
     "hard_agreement", "error_consistency", "reference_accuracy", "agreement_rolled",
     "excess_agreement", "init_residual", "iri_median_error", "iri_p90_error",
     "iri_pixel_rms", "iri_null_median", "iri_null_ratio", "iri_flagged", *IRI_TRANSFER_COLUMNS,

@@ -51,6 +51,7 @@ data), the points, objectives and protocols, and the stitch-training and IRI set
     [iris]                           # IRIRecipe fields (preset, steps, precondition, ...)
     steps = 40
     seed = 0                         # the IRIs' random start (0 keeps earlier stores' keys)
+    per_stitch_seed = false          # true: stitch seed s on IRIs of random start seed + s
     threshold = 0.5                  # quality limits: a set above this median error, or
     min_null_ratio = 10              # under 10x closer than another image, is flagged
 """
@@ -186,7 +187,8 @@ def load_config(source: str | Path | dict[str, Any]) -> Experiment:
 
 
 #: The [iris] keys that are not IRIRecipe fields: the quality limits and the random start
-IRIS_SET_KEYS = ("threshold", "min_null_ratio", "seed")
+#: (one for all stitch seeds, or one per stitch seed)
+IRIS_SET_KEYS = ("threshold", "min_null_ratio", "seed", "per_stitch_seed")
 
 
 def _validate(raw: dict[str, Any]) -> Experiment:
@@ -333,6 +335,15 @@ def _validate(raw: dict[str, Any]) -> Experiment:
         raise ConfigError(f"[iris]: {exc}") from exc
     if "seed" in iris and _int(iris["seed"], "[iris] seed") < 0:  # the IRIs' random start
         raise ConfigError(f"[iris] seed must be >= 0, got {iris['seed']!r}")
+    if not isinstance(iris.get("per_stitch_seed", False), bool):
+        raise ConfigError(
+            f"[iris] per_stitch_seed must be true or false, got {iris['per_stitch_seed']!r}"
+        )
+    if iris.get("per_stitch_seed") and any(s < 0 for s in stitch["seeds"]):
+        raise ConfigError(
+            "[iris] per_stitch_seed gives stitch seed s IRIs of random start seed + s, so "
+            f"[stitch] seeds must be >= 0; got {stitch['seeds']!r}"
+        )
     for key in ("threshold", "min_null_ratio"):
         if key in iris and (isinstance(iris[key], bool) or not isinstance(iris[key], (int, float))
                             or iris[key] <= 0):  # fmt: skip

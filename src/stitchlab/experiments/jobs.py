@@ -51,6 +51,7 @@ __all__ = [
     "stitch_key",
     "iris_data_key",
     "iri_recipe",
+    "iri_seed",
     "train_job",
     "iris_job",
     "stitch_group_job",
@@ -99,6 +100,7 @@ class IRIJob:
     front: str
     point: str
     marker: str | None
+    seed: int = 0  # the IRIs' random start (:func:`iri_seed`)
 
 
 @dataclass(frozen=True)
@@ -298,12 +300,23 @@ def load_model(exp_raw: dict[str, Any], store: Path, name: str):
 
 
 def _iris_options(exp_raw: dict[str, Any]) -> tuple[dict[str, Any], float, float]:
+    """``generate_iris_set``'s options of the ``[iris]`` table (the recipe's fields and the
+    config's random start ``seed``), and its two quality limits."""
     from ..iris import MIN_NULL_RATIO, THRESHOLD
 
     opts = dict(exp_raw["iris"])
+    opts.pop("per_stitch_seed", None)
     threshold = float(opts.pop("threshold", THRESHOLD))
     min_ratio = float(opts.pop("min_null_ratio", MIN_NULL_RATIO))
     return opts, threshold, min_ratio
+
+
+def iri_seed(exp_raw: dict[str, Any], stitch_seed: int) -> int:
+    """The random start of the IRIs that stitch seed ``stitch_seed`` trains on: ``[iris]
+    seed`` (default 0), plus the stitch seed where ``[iris] per_stitch_seed`` is true (so
+    the seeds' spread holds the IRIs' random start, as ``stitchlab compare --iri-seeds``)."""
+    iris = exp_raw["iris"]
+    return int(iris.get("seed", 0)) + (stitch_seed if iris.get("per_stitch_seed") else 0)
 
 
 def iri_recipe(exp_raw: dict[str, Any]) -> IRIRecipe:
@@ -330,11 +343,11 @@ def iris_job(job: IRIJob) -> dict[str, Any]:
         iri_set = generate_iris_set(
             front, job.point, data, store / "iris", threshold=threshold,
             min_null_ratio=min_ratio, data_key=iris_data_key(exp_raw, job.marker),
-            **tracing(exp_raw, job.front), **opts,
+            **tracing(exp_raw, job.front), **{**opts, "seed": job.seed},
         )  # fmt: skip
     q = iri_set.quality
     return {
-        "front": job.front, "point": job.point, "marker": job.marker,
+        "front": job.front, "point": job.point, "marker": job.marker, "seed": job.seed,
         "path": str(iri_set.root), "median_error": q.median_error, "p90_error": q.p90_error,
         "pixel_rms": q.median_pixel_rms, "null_median": q.null_median,
         "null_ratio": q.null_ratio, "flagged": q.flagged,
@@ -342,15 +355,18 @@ def iris_job(job: IRIJob) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def _iris_key(exp_raw: dict[str, Any]) -> dict[str, Any]:
+def _iris_key(exp_raw: dict[str, Any], seed: int | None = None) -> dict[str, Any]:
     """What an invariance-aware run's IRIs are: the resolved recipe (not the [iris] table's
     text, so that a change of stitchlab's default recipe is a new key, never a stale
-    result) and the quality limits."""
-    opts, threshold, min_ratio = _iris_options(exp_raw)
+    result), the quality limits and the random start ``seed`` (default: ``[iris] seed``).
+    ``per_stitch_seed`` is not in it: a run's own start is, so switching it on reuses the
+    runs whose start it leaves as it was."""
+    _, threshold, min_ratio = _iris_options(exp_raw)
     recipe = iri_recipe(exp_raw).key_dict()
     key = {"recipe": recipe, "threshold": threshold, "min_null_ratio": min_ratio}
-    if opts.get("seed", 0):  # seed 0, the default, keeps the keys of earlier stores
-        key["seed"] = opts["seed"]
+    seed = exp_raw["iris"].get("seed", 0) if seed is None else seed
+    if seed:  # seed 0, the default, keeps the keys of earlier stores
+        key["seed"] = seed
     return key
 
 
@@ -372,7 +388,10 @@ def stitch_key(exp_raw: dict[str, Any], job: StitchRun) -> str:
             if k not in ("points", "objectives", "protocols", "seeds", "cka", "eval_batch_size")
         },
         "data": content_key(exp_raw, exp_raw["data"]),
-        "iris": _iris_key(exp_raw) if job.protocol == "iris" else None,
+        "iris": (
+            _iris_key(exp_raw, iri_seed(exp_raw, job.stitch_seed))
+            if job.protocol == "iris" else None
+        ),  # fmt: skip
     }
     tracing_ = {k: exp_raw["models"][getattr(job, k)].get("tracing", {}) for k in ("front", "back")}
     if any(t.get("output") is not None or t.get("layouts") for t in tracing_.values()):
@@ -389,6 +408,7 @@ def row_names(exp_raw: dict[str, Any], job: StitchRun) -> dict[str, Any]:
         "back": job.back, "point": job.point, "point_index": job.point_index,
         "objective": job.objective, "protocol": job.protocol, "seed": job.seed,
         "stitch_seed": job.stitch_seed, "marker": job.marker or "",
+        "iri_seed": iri_seed(exp_raw, job.stitch_seed) if job.protocol == "iris" else None,
     }  # fmt: skip
 
 

@@ -35,6 +35,7 @@ from .jobs import (
     cka_job,
     front_job,
     iri_recipe,
+    iri_seed,
     iris_job,
     stitch_group_job,
     train_job,
@@ -132,13 +133,16 @@ def run_experiment(
     summary["models"] = {"run": sum(not t["reused"] for t in trained), "total": len(trained)}
 
     # 2. IRI sets per (front, point, stitching data)
+    # (and random start: one per stitch seed under [iris] per_stitch_seed)
     iri_jobs: dict[tuple, IRIJob] = {}
     if "iris" in exp.stitch["protocols"]:
+        starts = sorted({iri_seed(raw, s) for s in exp.stitch["seeds"]})
         for pair, spec in exp.pairs.items():
             for front in spec["front"]:
                 for point in exp.points[pair]:
-                    key = (front, point, spec["marker"])
-                    iri_jobs.setdefault(key, IRIJob(ctx, front, point, spec["marker"]))
+                    for start in starts:
+                        key = (front, point, spec["marker"], start)
+                        iri_jobs.setdefault(key, IRIJob(ctx, front, point, spec["marker"], start))
     log.info("[%s] %d IRI sets", exp.name, len(iri_jobs))
     iri_results = executor.map(iris_job, list(iri_jobs.values()), "IRI sets")
     iri_paths = {k: r for k, r in zip(iri_jobs, iri_results)}
@@ -150,12 +154,12 @@ def run_experiment(
             seed = exp.models[front]["seed"]
             for i, point in enumerate(exp.points[pair], start=1):
                 for stitch_seed in exp.stitch["seeds"]:
+                    iris = iri_paths.get((front, point, spec["marker"], iri_seed(raw, stitch_seed)))
                     runs = tuple(
                         StitchRun(
                             pair, front, spec["back"], spec["marker"], point, i, objective,
                             protocol, seed, stitch_seed,
-                            iri_paths[(front, point, spec["marker"])]["path"]
-                            if protocol == "iris" else None,
+                            iris["path"] if protocol == "iris" else None,
                         )  # fmt: skip
                         for protocol in exp.stitch["protocols"]
                         for objective in exp.stitch["objectives"]
@@ -190,10 +194,14 @@ def run_experiment(
     write_csv(out / "pairs.csv", pairs, list(pairs[0]) if pairs else ["pair"])
     if iri_paths:
         write_examples(out / "iris_examples.safetensors", raw, iri_paths, examples)
-    summary["iris"] = {"total": len(iri_paths)}
-    if iri_paths:  # the resolved recipe (the [iris] table's text may rely on the default)
+    cka_sets = len(cka_jobs) if exp.stitch["cka"] else 0  # IRI sets of the test data
+    summary["iris"] = {"total": len(iri_paths), "cka_sets": cka_sets}
+    if iri_paths or exp.stitch["cka"]:
+        # the resolved recipe (the [iris] table's text may rely on the default), also of a
+        # run whose only IRIs are CKA's test IRIs
         summary["iris"]["recipe"] = iri_recipe(raw).as_dict()
         summary["iris"]["seed"] = raw["iris"].get("seed", 0)  # the random start
+        summary["iris"]["per_stitch_seed"] = bool(raw["iris"].get("per_stitch_seed", False))
     summary["seconds"] = round(time.time() - start, 1)
     write_json(out / "run.json", {**summary, "config": raw})
     log.info(

@@ -78,7 +78,8 @@ def write_examples(path: Path, exp_raw: dict[str, Any], iri_paths: dict, k: int)
     meta: dict[str, str] = {}
     if audio:
         meta["sample_rate"] = str(int(data_table["options"].get("sample_rate", 8000)))
-    for (front, point, marker), info in sorted(iri_paths.items(), key=lambda kv: str(kv[0])):
+    # keys (front, point, marker, random start): each (front, point)'s first start
+    for (front, point, marker, _), info in sorted(iri_paths.items(), key=lambda kv: str(kv[0])):
         key = f"iris/{front}/{point}"
         if key in tensors:
             continue

@@ -42,7 +42,7 @@ RESULTS_REQUIRED: tuple[str, ...] = (
 RESULTS_OPTIONAL_NUMERIC: tuple[str, ...] = (
     "agreement_ci_low", "agreement_ci_high", "iri_median_error", "iri_p90_error",
     "iri_pixel_rms", "iri_null_median", "iri_null_ratio", "agreement_rolled",
-    "excess_agreement", "robust_agreement", "stitch_seed", *IRI_TRANSFER_COLUMNS,
+    "excess_agreement", "robust_agreement", "stitch_seed", "iri_seed", *IRI_TRANSFER_COLUMNS,
 )  # fmt: skip
 _RESULTS_TEXT = ("experiment", "pair", "front", "back", "point", "objective", "protocol")
 _RESULTS_INT = ("point_index", "seed")
@@ -338,7 +338,7 @@ def _iri_recipe(path: Path, notes: list[str]) -> str | None:
     except (OSError, ValueError, AttributeError) as exc:
         notes.append(f"{path.name} is not readable JSON ({exc}): the IRI recipe is not shown.")
         return None
-    if not iris.get("total"):  # no IRI sets in this run
+    if not iris.get("total") and not iris.get("cka_sets"):  # no IRI sets in this run
         return None
     if "recipe" not in iris:
         notes.append(f"{path.name} records no IRI recipe (a run made before stitchlab did).")
@@ -346,7 +346,12 @@ def _iri_recipe(path: Path, notes: list[str]) -> str | None:
     recipe = iris["recipe"]
     try:
         seed = iris.get("seed") or 0  # absent: a run from before the option, seed 0
-        return describe_iri_recipe(recipe) + (f"; random start seed {seed}" if seed else "")
+        if iris.get("per_stitch_seed"):
+            start = f"; random start seed {seed} + the stitch seed" if seed else (
+                "; random start: the stitch seed")
+        else:
+            start = f"; random start seed {seed}" if seed else ""
+        return describe_iri_recipe(recipe) + start
     except (KeyError, TypeError, ValueError) as exc:
         notes.append(f"{path.name}: the IRI recipe it records is not readable ({exc}).")
         return None
