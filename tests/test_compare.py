@@ -221,11 +221,15 @@ def test_compare_iri_seeds_give_each_stitch_seed_its_own_iris(tmp_path, folder):
         s = CompareSettings.quick(front=str(path), back=str(path), data=str(folder),
                                   points=("blocks.1",), seeds=2, null_seeds=1, epochs=1,
                                   iri_steps=5, iri_seeds=iri_seeds)  # fmt: skip
-        df = run_compare(s, tmp_path / out, store=store, progress=False, echo=lambda _: None)
+        lines = []
+        df = run_compare(s, tmp_path / out, store=store, progress=False, echo=lines.append)
         per_run = pd.read_csv(tmp_path / out / "runs.csv")
+        estimates[out] = next(x for x in "\n".join(lines).splitlines() if "estimate:" in x)
         return df, per_run[per_run.protocol == "iris"]
 
+    estimates = {}
     _, shared = runs(False, "shared")
+    assert "every step of 2 sets" in estimates["shared"] and "stored" not in estimates["shared"]
     stored = set((store / "compare").iterdir())
     assert len(stored) == 2 * 3  # 2 protocols x (2 seeds + 1 null)
     assert len(list((store / "iris").iterdir())) == 2  # the front's and the null's
@@ -250,6 +254,14 @@ def test_compare_iri_seeds_give_each_stitch_seed_its_own_iris(tmp_path, folder):
     assert "every seed on one IRI set" in (tmp_path / "shared" / "report.html").read_text()
     with pytest.raises(TypeError):
         CompareSettings.quick(front=str(path), back=str(path), data=str(folder), iri_seeds=1)
+    # the estimate leaves out the IRI sets already stored (keyed as the run keys them)
+    assert "every step of 1 sets" in estimates["own"]
+    for entry in (store / "compare").iterdir():
+        if json.loads(entry.read_text())["run"]["protocol"] == "iris":
+            entry.unlink()
+    runs(True, "again")
+    assert "every step of 0 sets" in estimates["again"]
+    assert "3 of 3 sets stored" in estimates["again"]
 
 
 def test_compare_torchvision_vs_timm_different_inputs(tmp_path, folder):

@@ -30,7 +30,7 @@ import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -54,6 +54,7 @@ __all__ = [
     "MIN_NULL_RATIO",
     "generate_iris",
     "generate_iris_set",
+    "iris_set_stored",
     "quantise",
     "dequantise",
 ]
@@ -2134,6 +2135,25 @@ def generate_iris_set(
     real image is, is flagged (a warning here; :func:`stitchlab.stitch` refuses it unless
     told otherwise).
     """
+    rec, dataset, front, dev, key_parts, key = _iris_set_key(
+        model, point, data, seed, chunk_size, data_key, device, leaf_modules, output, recipe
+    )
+    root = Path(cache_dir) / key
+    root.mkdir(parents=True, exist_ok=True)
+    with lock(root / ".lock", f"the IRI set {root}"):  # a second process waits, then reuses
+        return _fill_iris_set(
+            root, key, key_parts, dataset, front, rec, seed, chunk_size, dev, progress,
+            on_chunk, point, threshold, min_null_ratio,
+        )  # fmt: skip
+
+
+def _iris_set_key(
+    model: nn.Module, point: str, data: DataLike, seed: int, chunk_size: int,
+    data_key: str | None, device: str | torch.device | None, leaf_modules: tuple[type, ...],
+    output: int | str | None, recipe: dict[str, Any],
+) -> tuple[IRIRecipe, Dataset, nn.Module, torch.device, dict[str, Any], str]:  # fmt: skip
+    """What :func:`generate_iris_set` keys a set by: the resolved recipe, the dataset, the
+    front prefix, the device, the key's parts and the key."""
     rec = IRIRecipe.from_kwargs(**recipe)
     if chunk_size % rec.batch_size and chunk_size > rec.batch_size:
         raise ValueError(
@@ -2155,13 +2175,34 @@ def generate_iris_set(
         "recipe": rec.key_dict(),
     }
     key = hashlib.sha256(json.dumps(key_parts, sort_keys=True).encode()).hexdigest()[:24]
-    root = Path(cache_dir) / key
-    root.mkdir(parents=True, exist_ok=True)
-    with lock(root / ".lock", f"the IRI set {root}"):  # a second process waits, then reuses
-        return _fill_iris_set(
-            root, key, key_parts, dataset, front, rec, seed, chunk_size, dev, progress,
-            on_chunk, point, threshold, min_null_ratio,
-        )  # fmt: skip
+    return rec, dataset, front, dev, key_parts, key
+
+
+def iris_set_stored(
+    model: nn.Module,
+    point: str,
+    data: DataLike,
+    cache_dir: str | Path,
+    *,
+    seed: int = 0,
+    chunk_size: int = 1024,
+    data_key: str | None = None,
+    device: str | torch.device | None = None,
+    leaf_modules: tuple[type, ...] = (),
+    output: int | str | None = None,
+    **recipe,
+) -> bool:
+    """Whether :func:`generate_iris_set` with these arguments would find its set complete
+    in ``cache_dir`` (its chunks are not verified here; generating does that). For plans
+    and time estimates: nothing is generated or written."""
+    *_, key = _iris_set_key(
+        model, point, data, seed, chunk_size, data_key, device, leaf_modules, output, recipe
+    )
+    try:
+        meta = read_json(Path(cache_dir) / key / "meta.json")
+    except (FileNotFoundError, DamagedEntry):
+        return False
+    return meta.get("key") == key and bool(meta.get("complete"))
 
 
 def _fill_iris_set(
