@@ -215,6 +215,7 @@ def test_iris_per_stitch_seed_gives_each_stitch_seed_its_own_random_start(tmp_pa
     assert shared["stitch"] == {"run": 4, "total": 4} and shared["iris"]["total"] == 1
     assert len(list((tmp_path / "store" / "iris").iterdir())) == 1
     own, after = run(True, "own")
+    assert 0 < own["seconds"] < 600  # the run's own wall time, not the clock's
     # only stitch seed 1's IRI run is new, on a new set of random start 1
     assert own["stitch"] == {"run": 1, "total": 4} and own["iris"]["total"] == 2
     assert len(list((tmp_path / "store" / "iris").iterdir())) == 2

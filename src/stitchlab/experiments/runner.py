@@ -140,9 +140,10 @@ def run_experiment(
         for pair, spec in exp.pairs.items():
             for front in spec["front"]:
                 for point in exp.points[pair]:
-                    for start in starts:
-                        key = (front, point, spec["marker"], start)
-                        iri_jobs.setdefault(key, IRIJob(ctx, front, point, spec["marker"], start))
+                    for iri_start in starts:
+                        key = (front, point, spec["marker"], iri_start)
+                        iri_jobs.setdefault(key, IRIJob(ctx, front, point, spec["marker"],
+                                                        iri_start))  # fmt: skip
     log.info("[%s] %d IRI sets", exp.name, len(iri_jobs))
     iri_results = executor.map(iris_job, list(iri_jobs.values()), "IRI sets")
     iri_paths = {k: r for k, r in zip(iri_jobs, iri_results)}
