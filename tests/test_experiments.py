@@ -227,6 +227,16 @@ def test_iris_per_stitch_seed_gives_each_stitch_seed_its_own_random_start(tmp_pa
     assert after[("iris", "1")]["iri_median_error"] != after[("iris", "0")]["iri_median_error"]
     recorded = json.loads((tmp_path / "own" / "run.json").read_text())["iris"]
     assert recorded["per_stitch_seed"] is True and recorded["seed"] == 0
+    # the arithmetic that amp="fast" resolved to here, named by the report instead of the rule
+    import torch
+
+    from stitchlab.iris import bf16_is_fast
+
+    ran = "bf16" if bf16_is_fast(torch.device("cpu")) else "off"
+    assert recorded["recipe"]["amp"] == "fast" and recorded["amp_ran"] == [ran]
+    described = _iri_recipe(tmp_path / "own" / "run.json", [])
+    assert "where the hardware has" not in described
+    assert ("in bfloat16, the last 30 in float32" if ran == "bf16" else "in float32") in described
     line = _iri_recipe(tmp_path / "own" / "run.json", [])
     assert line.endswith("; random start: the stitch seed")
     assert "random start" not in _iri_recipe(tmp_path / "shared" / "run.json", [])

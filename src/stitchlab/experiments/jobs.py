@@ -351,6 +351,8 @@ def iris_job(job: IRIJob) -> dict[str, Any]:
         "path": str(iri_set.root), "median_error": q.median_error, "p90_error": q.p90_error,
         "pixel_rms": q.median_pixel_rms, "null_median": q.null_median,
         "null_ratio": q.null_ratio, "flagged": q.flagged,
+        # the arithmetic that ran ("fast" resolved on this machine: "bf16" or "off")
+        "amp": iri_set.meta["recipe"].get("amp", "auto"),
         "seconds": time.perf_counter() - t0,
     }  # fmt: skip
 

@@ -203,6 +203,8 @@ def run_experiment(
         summary["iris"]["recipe"] = iri_recipe(raw).as_dict()
         summary["iris"]["seed"] = raw["iris"].get("seed", 0)  # the random start
         summary["iris"]["per_stitch_seed"] = bool(raw["iris"].get("per_stitch_seed", False))
+        # what amp="fast" resolved to where the sets were made (a CPU with or without AMX)
+        summary["iris"]["amp_ran"] = sorted({r["amp"] for r in iri_results if "amp" in r})
     summary["seconds"] = round(time.time() - start, 1)
     write_json(out / "run.json", {**summary, "config": raw})
     log.info(

@@ -344,6 +344,9 @@ def _iri_recipe(path: Path, notes: list[str]) -> str | None:
         notes.append(f"{path.name} records no IRI recipe (a run made before stitchlab did).")
         return None
     recipe = iris["recipe"]
+    ran = iris.get("amp_ran") or []  # absent: a run from before stitchlab recorded it
+    if recipe.get("amp") == "fast" and len(ran) == 1 and ran[0] in ("bf16", "off"):
+        recipe = {**recipe, "amp": ran[0]}  # what ran on the run's hardware, not the rule
     try:
         seed = iris.get("seed") or 0  # absent: a run from before the option, seed 0
         if iris.get("per_stitch_seed"):
@@ -351,7 +354,10 @@ def _iri_recipe(path: Path, notes: list[str]) -> str | None:
                 "; random start: the stitch seed")
         else:
             start = f"; random start seed {seed}" if seed else ""
-        return describe_iri_recipe(recipe) + start
+        ran_text = ""
+        if recipe.get("amp") == "fast" and len(ran) > 1:
+            ran_text = f"; arithmetic differed between sets ({', '.join(ran)})"
+        return describe_iri_recipe(recipe) + start + ran_text
     except (KeyError, TypeError, ValueError) as exc:
         notes.append(f"{path.name}: the IRI recipe it records is not readable ({exc}).")
         return None
