@@ -2179,25 +2179,22 @@ def _iris_set_key(
 
 
 def iris_set_stored(
-    model: nn.Module,
-    point: str,
-    data: DataLike,
-    cache_dir: str | Path,
-    *,
-    seed: int = 0,
-    chunk_size: int = 1024,
-    data_key: str | None = None,
-    device: str | torch.device | None = None,
-    leaf_modules: tuple[type, ...] = (),
-    output: int | str | None = None,
-    **recipe,
+    model: nn.Module, point: str, data: DataLike, cache_dir: str | Path, **options: Any
 ) -> bool:
-    """Whether :func:`generate_iris_set` with these arguments would find its set complete
-    in ``cache_dir`` (its chunks are not verified here; generating does that). For plans
-    and time estimates: nothing is generated or written."""
+    """Whether :func:`generate_iris_set` with these arguments (``options``: its keywords
+    and the recipe's fields) would find its set complete in ``cache_dir`` (its chunks are
+    not verified here; generating does that). For plans and time estimates: nothing is
+    generated or written."""
+    import inspect
+
+    params = inspect.signature(generate_iris_set).parameters
+    kw = {n: p.default for n, p in params.items() if p.kind is p.KEYWORD_ONLY}
+    recipe = {k: v for k, v in options.items() if k not in kw}
+    kw.update({k: v for k, v in options.items() if k in kw})
     *_, key = _iris_set_key(
-        model, point, data, seed, chunk_size, data_key, device, leaf_modules, output, recipe
-    )
+        model, point, data, kw["seed"], kw["chunk_size"], kw["data_key"], kw["device"],
+        kw["leaf_modules"], kw["output"], recipe,
+    )  # fmt: skip
     try:
         meta = read_json(Path(cache_dir) / key / "meta.json")
     except (FileNotFoundError, DamagedEntry):
