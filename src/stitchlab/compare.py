@@ -604,7 +604,7 @@ def _estimate(s, front, back, shape, iri_steps, todo, stored: set[tuple]) -> str
     fits = len(todo) * (s.epochs * s.n_stitch * (tb + tf / 3) + s.n_test * (tf + tb) / 3)
     total = iris + fits
     cached = f"; {len(needed & stored)} of {len(needed)} sets stored" if needed & stored else ""
-    return (f"at most about {_duration(total)} (IRIs at most {_duration(iris)}, every step "
+    return (f"about {_duration(total)} (IRIs at most {_duration(iris)}, every step "
             f"of {len(fronts)} sets; stitching {_duration(fits)}{cached}; from one timed "
             "batch, often off by 2x)")  # fmt: skip
 

@@ -62,7 +62,8 @@ RESULT_COLUMNS: list[str] = [
     "agreement_ci_high", "agreement_normalized", "accuracy",
     "hard_agreement", "error_consistency", "reference_accuracy", "agreement_rolled",
     "excess_agreement", "init_residual", "iri_median_error", "iri_p90_error",
-    "iri_pixel_rms", "iri_null_median", "iri_null_ratio", "iri_flagged", *IRI_TRANSFER_COLUMNS,
+    "iri_pixel_rms", "iri_null_median", "iri_null_ratio", "iri_flagged", "iri_amp",
+    *IRI_TRANSFER_COLUMNS,
     "adversarial",
     "robust_agreement", "robust_accuracy", "robust_samples", "cache_used", "seconds",
 ]  # fmt: skip

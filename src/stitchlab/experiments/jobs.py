@@ -351,10 +351,16 @@ def iris_job(job: IRIJob) -> dict[str, Any]:
         "path": str(iri_set.root), "median_error": q.median_error, "p90_error": q.p90_error,
         "pixel_rms": q.median_pixel_rms, "null_median": q.null_median,
         "null_ratio": q.null_ratio, "flagged": q.flagged,
-        # the arithmetic that ran ("fast" resolved on this machine: "bf16" or "off")
-        "amp": iri_set.meta["recipe"].get("amp", "auto"),
+        "amp": _set_amp(iri_set),
         "seconds": time.perf_counter() - t0,
     }  # fmt: skip
+
+
+def _set_amp(iri_set) -> str | None:
+    """The arithmetic an IRI set's steps ran in (``amp="fast"`` resolved where it was made:
+    ``"bf16"`` or ``"off"``; a recipe's own ``"auto"``/``"bf16"``/``"off"``); None for a
+    set stored without it."""
+    return iri_set.meta.get("recipe", {}).get("amp")
 
 
 def _iris_key(exp_raw: dict[str, Any], seed: int | None = None) -> dict[str, Any]:
@@ -578,6 +584,11 @@ def _compute_stitch(run: StitchRun, shared: _Shared) -> dict[str, Any]:
         row.update(iri_median_error=q.median_error, iri_p90_error=q.p90_error,
                    iri_pixel_rms=q.median_pixel_rms, iri_null_median=q.null_median,
                    iri_null_ratio=q.null_ratio, iri_flagged=q.flagged)  # fmt: skip
+        # the arithmetic of the IRIs this stitch trained on: a reused row keeps its own,
+        # even where this machine would make its sets in another
+        from ..iris import IRISet
+
+        row["iri_amp"] = _set_amp(IRISet(run.iris_path))
         row.update(shared.transfer(run))
     row["seconds"] = time.perf_counter() - t0
     return row
@@ -621,6 +632,7 @@ def cka_job(job: CKAJob) -> list[dict[str, Any]]:
                 "pair": job.pair, "front": job.front, "back": job.back,
                 "point": job.point, "point_index": job.point_index, "data": name,
                 "cka": cka(torch.cat(fa), torch.cat(ba)),
+                "iri_amp": _set_amp(iri_set) if name == "test_iris" else None,
             })  # fmt: skip
     return rows
 

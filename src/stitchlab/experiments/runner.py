@@ -174,6 +174,7 @@ def run_experiment(
     write_parquet(out / "results.csv")
 
     # 4. CKA on test data and on test IRIs (experiment D)
+    cka_rows: list[dict[str, Any]] = []
     if exp.stitch["cka"]:
         cka_jobs = [
             CKAJob(ctx, pair, f, spec["back"], spec["marker"], point, i)
@@ -203,8 +204,12 @@ def run_experiment(
         summary["iris"]["recipe"] = iri_recipe(raw).as_dict()
         summary["iris"]["seed"] = raw["iris"].get("seed", 0)  # the random start
         summary["iris"]["per_stitch_seed"] = bool(raw["iris"].get("per_stitch_seed", False))
-        # what amp="fast" resolved to where the sets were made (a CPU with or without AMX)
-        summary["iris"]["amp_ran"] = sorted({r["amp"] for r in iri_results if "amp" in r})
+        # the arithmetic of the IRIs behind this run's scores (amp="fast" resolved where each
+        # set was made: a CPU with or without AMX), from the rows, since a reused row may
+        # come from another machine's set; "unrecorded" for rows stored before the column
+        amps = [r.get("iri_amp") for r in rows if r["protocol"] == "iris"]
+        amps += [r["iri_amp"] for r in cka_rows if r["data"] == "test_iris"]
+        summary["iris"]["amp_ran"] = sorted({a or "unrecorded" for a in amps})
     summary["seconds"] = round(time.time() - start, 1)
     write_json(out / "run.json", {**summary, "config": raw})
     log.info(

@@ -78,8 +78,9 @@ def write_examples(path: Path, exp_raw: dict[str, Any], iri_paths: dict, k: int)
     meta: dict[str, str] = {}
     if audio:
         meta["sample_rate"] = str(int(data_table["options"].get("sample_rate", 8000)))
-    # keys (front, point, marker, random start): each (front, point)'s first start
-    for (front, point, marker, _), info in sorted(iri_paths.items(), key=lambda kv: str(kv[0])):
+    # keys (front, point, marker, random start): each (front, point)'s lowest start
+    order = sorted(iri_paths.items(), key=lambda kv: (str(kv[0][:3]), kv[0][3]))
+    for (front, point, marker, _), info in order:
         key = f"iris/{front}/{point}"
         if key in tensors:
             continue

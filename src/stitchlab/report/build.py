@@ -285,7 +285,8 @@ def make_report(
             "cka",
             "CKA and stitching",
             "Linear CKA between front and back activations on test data (solid) and on test "
-            "IRIs (dashed), next to SLM and FuLA agreement / 100 (solid: standard, dashed: IRIs).",
+            "IRIs (dashed), next to SLM and FuLA agreement / 100 (solid: standard, dashed: IRIs)."
+            + (f" IRI recipe: {data.iri_recipe}." if data.iri_recipe is not None else ""),
             lambda: plot_cka(data.cka, results, spread=spread),
         )
 
@@ -370,7 +371,8 @@ def make_report(
             else "IRI recipe: not recorded in run.json."
         )
         b.table("table-iri-quality", "IRI quality per front and point", q,
-                "Mean over the IRI-protocol runs that used each IRI set. The null is the "
+                "Mean over the IRI-protocol runs at each front and point (over their sets "
+                "where each stitch seed had IRIs of its own start). The null is the "
                 "median relative distance between the representations of two different "
                 "real images at the point; a set less than 10x closer than it is flagged. "
                 + recipe)  # fmt: skip

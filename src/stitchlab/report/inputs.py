@@ -345,8 +345,12 @@ def _iri_recipe(path: Path, notes: list[str]) -> str | None:
         return None
     recipe = iris["recipe"]
     ran = iris.get("amp_ran") or []  # absent: a run from before stitchlab recorded it
-    if recipe.get("amp") == "fast" and len(ran) == 1 and ran[0] in ("bf16", "off"):
+    ran_text = ""
+    if recipe.get("amp") == "fast" and ran in (["bf16"], ["off"]):
         recipe = {**recipe, "amp": ran[0]}  # what ran on the run's hardware, not the rule
+    elif recipe.get("amp") == "fast" and ran:  # several machines, or rows from before
+        names = {"bf16": "bfloat16", "off": "float32", "unrecorded": "an unrecorded arithmetic"}
+        ran_text = "; this run's IRI steps ran in " + " and ".join(names.get(a, a) for a in ran)
     try:
         seed = iris.get("seed") or 0  # absent: a run from before the option, seed 0
         if iris.get("per_stitch_seed"):
@@ -354,9 +358,6 @@ def _iri_recipe(path: Path, notes: list[str]) -> str | None:
                 "; random start: the stitch seed")
         else:
             start = f"; random start seed {seed}" if seed else ""
-        ran_text = ""
-        if recipe.get("amp") == "fast" and len(ran) > 1:
-            ran_text = f"; arithmetic differed between sets ({', '.join(ran)})"
         return describe_iri_recipe(recipe) + start + ran_text
     except (KeyError, TypeError, ValueError) as exc:
         notes.append(f"{path.name}: the IRI recipe it records is not readable ({exc}).")
