@@ -514,12 +514,14 @@ def run_compare(
                         key = _key(common | spec | ({"iri_seed": start} if start else {}))
                         runs.append(spec | {"key": key})
     todo = [r for r in runs if not (store / "compare" / f"{r['key']}.json").exists()]
-    stored = _stored_iri_sets(s, front, back, stitch_set, store, recipe, todo)
+    null_fronts: dict[int, nn.Module] = {}  # built once, for the estimate and the runs
+    stored = _stored_iri_sets(s, front, back, stitch_set, store, recipe, todo, null_fronts)
     echo(_plan_text(s, data, front, back, cells, objectives, runs, todo,
                     _estimate(s, front, back, data.item_shape, recipe.steps, todo,
                               stored)))  # fmt: skip
     reference = _back_logits(back.model, test_set, s.device)
-    _execute(s, front, back, stitch_set, test_set, reference, todo, store, progress, recipe)
+    _execute(s, front, back, stitch_set, test_set, reference, todo, store, progress, recipe,
+             null_fronts)  # fmt: skip
     from .store import read_json
 
     entries = {r["key"]: read_json(store / "compare" / f"{r['key']}.json") for r in runs}
@@ -566,23 +568,43 @@ def _iri_sets_of(s: CompareSettings, todo: list[dict]) -> set[tuple[str, bool, i
             for r in todo if r["protocol"] == "iris"}  # fmt: skip
 
 
-def _stored_iri_sets(s, front, back, stitch_set, store: Path, recipe, todo) -> set[tuple]:
+def _stored_iri_sets(s, front, back, stitch_set, store: Path, recipe, todo,
+                     null_fronts: dict[int, nn.Module]) -> set[tuple]:  # fmt: skip
     """Which of the IRI sets ``todo`` needs are complete in the store already (keyed as
     :func:`_execute` will generate them: the same front, point, data, start and recipe)."""
-    from .iris import iris_set_stored
+    from ._data import as_dataset
+    from .iris import data_fingerprint, iris_set_stored
 
-    leaves = tuple(dict.fromkeys(front.source.leaf_modules + back.source.leaf_modules))
+    needed = _iri_sets_of(s, todo)
+    if not needed:
+        return set()
+    # the data's fingerprint once, not once per set (as data_key it is the same key part)
+    fingerprint = data_fingerprint(as_dataset(stitch_set, "data")[0])
     found = set()
-    for f, null, seed in _iri_sets_of(s, todo):
-        model = front.wrap(front.source.random_twin(10_000 + seed)) if null else front.model
+    for f, null, seed in needed:
+        model = _null_front(front, seed, null_fronts) if null else front.model
         try:
-            if iris_set_stored(model, f"net.{f}", stitch_set, store / "iris", seed=0 if null
-                               else seed, leaf_modules=leaves, device=s.device,
+            if iris_set_stored(model, f"net.{f}", stitch_set, store / "iris",
+                               seed=0 if null else seed, leaf_modules=_leaves(front, back),
+                               device=s.device, data_key=fingerprint,
                                **recipe.as_dict()):  # fmt: skip
                 found.add((f, null, seed))
         except Exception:  # only an estimate: the run itself reports any error properly
             continue
     return found
+
+
+def _leaves(front: _Side, back: _Side) -> tuple[type, ...]:
+    """The leaf modules both models declare (each class once), for tracing a cell."""
+    return tuple(dict.fromkeys(front.source.leaf_modules + back.source.leaf_modules))
+
+
+def _null_front(front: _Side, seed: int, cache: dict[int, nn.Module]) -> nn.Module:
+    """Null front ``seed``: a random twin of the front (initialised with ``10_000 +
+    seed``) inside its input pipeline, built once per ``cache``."""
+    if seed not in cache:
+        cache[seed] = front.wrap(front.source.random_twin(10_000 + seed))
+    return cache[seed]
 
 
 def _estimate(s, front, back, shape, iri_steps, todo, stored: set[tuple]) -> str:
@@ -637,7 +659,7 @@ def _recipe(s: CompareSettings, modality: str):
 
 
 def _execute(s, front, back, stitch_set, test_set, reference, todo, store, progress,
-             recipe) -> None:  # fmt: skip
+             recipe, null_fronts: dict[int, nn.Module]) -> None:  # fmt: skip
     """Compute the missing runs, one Stitcher per (front model, cell), storing each run
     as soon as it is done."""
     from ._data import predict
@@ -658,17 +680,10 @@ def _execute(s, front, back, stitch_set, test_set, reference, todo, store, progr
     for r in todo:
         groups.setdefault((r["front_point"], r["back_point"], r["null"],
                            r["seed"] if r["null"] else -1), []).append(r)  # fmt: skip
-    random_fronts: dict[int, nn.Module] = {}
     for (f, b, null, null_seed), group in groups.items():
-        if null:
-            if null_seed not in random_fronts:
-                net = front.source.random_twin(10_000 + null_seed)
-                random_fronts[null_seed] = front.wrap(net)
-            front_model = random_fronts[null_seed]
-        else:
-            front_model = front.model
-        leaves = tuple(dict.fromkeys(front.source.leaf_modules + back.source.leaf_modules))
-        st = Stitcher(front_model, back.model, f"net.{f}", f"net.{b}", leaf_modules=leaves,
+        front_model = _null_front(front, null_seed, null_fronts) if null else front.model
+        st = Stitcher(front_model, back.model, f"net.{f}", f"net.{b}",
+                      leaf_modules=_leaves(front, back),
                       layouts=_layouts(front, back, f, b), device=s.device)  # fmt: skip
         sets, transfer = {}, {}
         for r in sorted(group, key=lambda r: (r["protocol"], r["seed"])):

@@ -491,7 +491,7 @@ class _Shared:
         self.rolled = marked(test, run.marker, exp_raw["data"], rolled=True) if run.marker else None
         self._sets: dict[str, Any] = {}
         self._front_acts: dict[str, Any] = {}
-        self._transfer: dict[str, dict[str, float]] = {}
+        self._transfer: dict[str, dict[str, Any]] = {}
 
     def scores(self, stitched, which: str, reference, batch_size: int) -> dict[str, float]:
         """``evaluate`` of ``stitched`` on the group's test set (``which``: "test" or
@@ -535,22 +535,24 @@ class _Shared:
             self._sets = {key: sset}
         return self._sets[key]
 
-    def transfer(self, run: StitchRun) -> dict[str, float]:
+    def transfer(self, run: StitchRun) -> dict[str, Any]:
         """Stitch-free, for an IRI-protocol run: how the whole front and back models decide
         on the IRI set against its source images (:func:`stitchlab.iri_agreement`), the back's
         share of equal top-1 decisions, and the back's agreement between two different
-        source images (its null), once per set;
-        empty for the standard protocol."""
+        source images (its null), and the arithmetic the set's steps ran in (``iri_amp``; a
+        reused row keeps its own, even where this machine would make its sets in another),
+        once per set; empty for the standard protocol."""
         from ..evaluation import iri_transfer_columns
         from ..iris import IRISet
 
         if run.protocol != "iris" or run.iris_path is None:
             return {}
         if run.iris_path not in self._transfer:
-            self._transfer[run.iris_path] = iri_transfer_columns(
-                self.front, self.back, IRISet(run.iris_path), self.stitching,
+            iris = IRISet(run.iris_path)
+            self._transfer[run.iris_path] = {**iri_transfer_columns(
+                self.front, self.back, iris, self.stitching,
                 batch_size=self.ctx.exp["stitch"]["eval_batch_size"],
-            )  # fmt: skip
+            ), "iri_amp": _set_amp(iris)}  # fmt: skip
         return self._transfer[run.iris_path]
 
 
@@ -584,11 +586,6 @@ def _compute_stitch(run: StitchRun, shared: _Shared) -> dict[str, Any]:
         row.update(iri_median_error=q.median_error, iri_p90_error=q.p90_error,
                    iri_pixel_rms=q.median_pixel_rms, iri_null_median=q.null_median,
                    iri_null_ratio=q.null_ratio, iri_flagged=q.flagged)  # fmt: skip
-        # the arithmetic of the IRIs this stitch trained on: a reused row keeps its own,
-        # even where this machine would make its sets in another
-        from ..iris import IRISet
-
-        row["iri_amp"] = _set_amp(IRISet(run.iris_path))
         row.update(shared.transfer(run))
     row["seconds"] = time.perf_counter() - t0
     return row
