@@ -18,6 +18,7 @@ recipe on a trained small CNN: seconds and median error, same run.
     python benchmarks/iris.py --tables amp      # bfloat16 autocast against float32
     python benchmarks/iris.py --tables fold     # BatchNorm folded into the convs, or not
     python benchmarks/iris.py --tables whiten   # the whitened Adam update, now and before
+    python benchmarks/iris.py --tables compile  # the prefix's step under torch.compile
     python benchmarks/iris.py --config CONFIG --store STORE --front seed1 [--repeats 2]
     python benchmarks/iris.py --tables budget [--config CONFIG --store STORE --front F]
 
@@ -279,6 +280,61 @@ def measure_fold(width: int = 16, batch: int = 128, steps: int = 20, repeats: in
     return _setting_rows(width, batch, repeats, run, ("0", "auto"), ("as is", "folded"))
 
 
+def _prefix_steps(front, x: torch.Tensor, grad_out: torch.Tensor, steps: int) -> float:
+    """Seconds of ``steps`` forward+backward passes (to the input) of ``front`` on ``x``."""
+    xa = x.clone().requires_grad_(True)
+    start = time.perf_counter()
+    for _ in range(steps):
+        (g,) = torch.autograd.grad(front(xa), xa, grad_outputs=grad_out)
+    return time.perf_counter() - start
+
+
+def measure_compile(width: int = 16, batch: int = 128, steps: int = 20, repeats: int = 3):
+    """Per random-weight front and point: seconds of ``steps`` forward+backward passes of
+    the prefix as IRIs are made (BatchNorm folded, channels-last on the CPU; the part
+    every recipe's step shares) in eager mode (the baseline) and under ``torch.compile``
+    (after its first call, timed apart as the compile time), each the fastest of
+    ``repeats`` interleaved runs, and the largest difference of the input gradients."""
+    torch.manual_seed(0)
+    nets = {
+        f"resnet18 w{width}": models.create("resnet18", width=width).eval(),
+        "small_cnn w16": models.create("small_cnn", width=16).eval(),
+    }
+    x, _ = shapes(batch, seed=0)
+    rows = []
+    for name, net in nets.items():
+        for point in sl.stitch_points(net)[:-1]:
+            front = copy.deepcopy(sl.split(net, point)[0]).eval().requires_grad_(False)
+            front, xa = _as_made(front, x)
+            with torch.no_grad():
+                grad_out = torch.randn_like(front(xa))
+            torch._dynamo.reset()
+            compiled = torch.compile(front)
+            t0 = time.perf_counter()
+            _prefix_steps(compiled, xa, grad_out, 1)
+            compile_s = time.perf_counter() - t0
+            sec = {"eager": math.inf, "compiled": math.inf}
+            for _ in range(repeats):
+                for label, f in (("eager", front), ("compiled", compiled)):
+                    sec[label] = min(sec[label], _prefix_steps(f, xa, grad_out, steps))
+            grads = []
+            for f in (front, compiled):
+                xg = xa.clone().requires_grad_(True)
+                grads.append(torch.autograd.grad(f(xg), xg, grad_outputs=grad_out)[0])
+            scale = grads[0].abs().max().clamp_min(1e-30)
+            saved = (sec["eager"] - sec["compiled"]) / steps
+            rows.append({
+                "front": name, "point": point, "eager s": f"{sec['eager']:.2f}",
+                "compiled s": f"{sec['compiled']:.2f}",
+                "speed-up": f"{sec['eager'] / sec['compiled']:.2f}x",
+                "compile s": f"{compile_s:.1f}",
+                "steps to repay it": f"{compile_s / saved:.0f}" if saved > 0 else "never",
+                "max gradient difference (relative)":
+                    f"{float((grads[0] - grads[1]).abs().max() / scale):.1e}",
+            })  # fmt: skip
+    return rows
+
+
 #: Recipes of the time-to-quality tables by name: presets, and the per-sample L-BFGS
 #: optimiser on v2's other settings (its surrogate slope 0.1, or 0.15; history 20, 10 or 5)
 #: or on today's default's (lbfgs-smooth).
@@ -372,6 +428,7 @@ def measure_pairs(batch: int = 32, dim: int = 3072, repeats: int = 50) -> list[d
     the largest relative difference of the two products on the same pairs."""
     gen = torch.Generator().manual_seed(0)
     return [_pairs_row(m, batch, dim, repeats, gen) for m in (5, 10, 20)]
+
 
 def _quality_rows(model, src, points, presets, repeats: int) -> list[dict]:
     """Seconds and median error of each recipe's IRIs of ``src`` at each point (names of
@@ -556,13 +613,14 @@ def main() -> None:
     ap.add_argument(
         "--tables",
         choices=("both", "released", "quality", "memory", "amp", "fold", "pairs", "budget",
-                 "whiten"),
+                 "whiten", "compile"),
         default="both",
         help="released-loop table, time-to-quality table, both, the memory-format table, "
         "bfloat16 autocast against float32, BatchNorm folded against as it is, or "
         "L-BFGS's compact pairs against the two-loop recursion, or the default's time per "
         "step and phase against the paper recipe's (budget; with --config on a stored front), "
-        "or the whitened Adam update now against before 2026-12-06 (whiten)",
+        "or the whitened Adam update now against before 2026-12-06 (whiten), or the "
+        "prefix's forward+backward under torch.compile against eager mode (compile)",
     )  # fmt: skip
     ap.add_argument("--config", help="time to quality (or --tables budget) on a stored front "
                     "of this experiment")
@@ -606,6 +664,13 @@ def main() -> None:
               f"{args.threads} threads, fastest of {args.repeats} interleaved runs of 50 "
               f"updates; before 2026-12-06 (late morning) is the baseline")  # fmt: skip
         print(markdown_table(measure_whiten(repeats=args.repeats)))
+        return
+    if args.tables == "compile":
+        print(f"The prefix's forward+backward as IRIs are made, {args.steps} steps, batch "
+              f"{args.batch}, {args.threads} threads, fastest of {args.repeats} interleaved "
+              f"runs; eager mode is the baseline")  # fmt: skip
+        print(markdown_table(measure_compile(args.width, args.batch, args.steps,
+                                             args.repeats)))  # fmt: skip
         return
     if args.tables == "pairs":
         print(f"L-BFGS outside the network: one pair stored and H g per step, batch 32, "
