@@ -375,3 +375,30 @@ def test_compare_speech_models_on_images_is_a_clear_error(tmp_path, folder):
     s = CompareSettings.quick(front=str(path), back=str(path), data=str(folder))
     with pytest.raises(ValueError, match=r"No \.wav files in .*speech models read audio"):
         run_compare(s, tmp_path / "o", progress=False, echo=lambda _: None)
+
+
+def test_compare_greyscale_models_see_grey_images(tmp_path, folder):
+    """1-channel models (small_cnn in_channels=1) get the RGB images as grey (luma): an
+    image of equal channels comes back as its level, and a model stitched into itself
+    scores 100. (Before, every 1-channel model failed on the 3-channel images.)"""
+    from stitchlab import models
+    from stitchlab.models.sources import InputSpec, WithInput, for_channels
+
+    torch.manual_seed(0)
+    m = models.create("small_cnn", num_classes=3, width=8, in_channels=1).eval()
+    spec = for_channels(InputSpec(), 1)
+    assert spec.mean == (0.0,) and "grey" in spec.source
+    wrapped = WithInput(torch.nn.Identity(), spec, (8, 8), [])
+    level = torch.rand(2, 1, 8, 8)
+    assert torch.allclose(wrapped(level.expand(-1, 3, -1, -1)), level, atol=1e-6)
+    with pytest.raises(ValueError, match="one value per RGB channel"):
+        for_channels(InputSpec(mean=(0.4, 0.5, 0.6)), 1)
+    assert for_channels(InputSpec(), 3) == InputSpec()  # RGB models keep their pipeline
+    path = models.save(m, tmp_path / "grey.safetensors")
+    s = CompareSettings.quick(front=str(path), back=str(path), data=str(folder),
+                              points=("blocks.1",), epochs=0, protocols=("standard",),
+                              null_seeds=0)  # fmt: skip
+    said: list[str] = []
+    df = run_compare(s, tmp_path / "o", progress=False, echo=said.append)
+    assert df.iloc[0]["agreement"] == 100
+    assert any("RGB to grey (luma)" in line for line in said)

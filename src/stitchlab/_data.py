@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -29,7 +30,9 @@ class DataError(ValueError):
 
 
 def check_images(x: Tensor, what: str = "data", offset: int = 0) -> None:
-    """Refuse a batch of images that is not float32 or has a NaN or infinite pixel."""
+    """Refuse a batch of images that is empty, not float32 or has a NaN or infinite pixel."""
+    if x.dim() and len(x) == 0:
+        raise DataError(f"{what}: there are no images (the dataset is empty).")
     if x.dtype != torch.float32:
         hint = (
             "Convert uint8 images with images.float() / 255."
@@ -80,6 +83,8 @@ def as_dataset(data: DataLike, what: str = "data") -> tuple[Dataset, int | None]
                 f"{what}: expected (images (N, ...), labels (N,)), got shapes "
                 f"{tuple(images.shape)} and {tuple(labels.shape)}."
             )
+        if len(images) == 0:
+            raise ValueError(f"{what}: the dataset is empty.")
         check_images(images, what)
         check_labels(labels, what)
         data = TensorDataset(images, labels.long())
@@ -100,8 +105,30 @@ def as_dataset(data: DataLike, what: str = "data") -> tuple[Dataset, int | None]
             f"{what}: each item must be an (image tensor, label) pair; got {type(first).__name__}."
         )
     check_images(first[0][None], what)
-    check_labels(torch.as_tensor(first[1]), what)
+    label = torch.as_tensor(first[1])
+    if label.dim() != 0:
+        raise DataError(
+            f"{what}: each item's label must be one class index (a scalar), got a label of "
+            f"shape {tuple(label.shape)}; return int(label) or label.squeeze() from the "
+            "dataset (a label of shape (1,) would be scored against every prediction)."
+        )
+    check_labels(label, what)
+    if len(first) > 2 and not isinstance(_innermost(data), PairedImages):
+        raise DataError(
+            f"{what}: each item must be an (image, label) pair, got {len(first)} elements; "
+            "stitchlab would read a third element as the back model's target images. Return "
+            "(image, label) items."
+        )
     return data, batch_size
+
+
+def _innermost(dataset: Dataset) -> Dataset:
+    """``dataset`` with :class:`torch.utils.data.Subset` wrappers removed."""
+    from torch.utils.data import Subset
+
+    while isinstance(dataset, Subset):
+        dataset = dataset.dataset
+    return dataset
 
 
 def is_deterministic(dataset: Dataset) -> bool:
@@ -133,7 +160,26 @@ def loader(
         shuffle=shuffle,
         generator=gen,
         num_workers=num_workers,
+        collate_fn=_collate,
     )
+
+
+def _collate(items: list) -> Any:
+    """torch's default collation, with a clear error for images of different shapes."""
+    from torch.utils.data import default_collate
+
+    try:
+        return default_collate(items)
+    except RuntimeError:
+        images = [it[0] for it in items if isinstance(it, (tuple, list))]
+        shapes = sorted({tuple(x.shape) for x in images if isinstance(x, Tensor)})
+        if len(shapes) > 1:
+            raise DataError(
+                f"data: the images differ in shape ({', '.join(map(str, shapes[:3]))}"
+                f"{', ...' if len(shapes) > 3 else ''}); give images of one size (resize or "
+                "crop them before stitching)."
+            ) from None
+        raise
 
 
 def batches(

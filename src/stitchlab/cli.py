@@ -105,7 +105,12 @@ def _cmd_layers(args: argparse.Namespace) -> int:
                     break
         model = models.create(name, num_classes=args.num_classes, **_model_options(args))
     model.eval()
-    c, h, w = models.default_input_size(model) or (3, 0, 0)
+    from .models.sources import input_channels
+
+    for flag, value in (("--input-size", args.input_size), ("--in-channels", args.in_channels)):
+        if value is not None and value < 1:
+            raise ValueError(f"{flag} must be >= 1, got {value}")
+    c, h, w = models.default_input_size(model) or (input_channels(model) or 3, 0, 0)
     if args.input_size:
         h = w = args.input_size
     elif not h:

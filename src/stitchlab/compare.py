@@ -52,6 +52,7 @@ import dataclasses
 import hashlib
 import json
 import logging
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -172,6 +173,11 @@ class CompareSettings:
         for name in ("seeds", "n_points", "n_stitch", "n_test", "n_init", "bootstrap"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.n_test < 2:
+            raise ValueError(f"n_test must be >= 2 (an interval over test images needs two), "
+                             f"got {self.n_test}")  # fmt: skip
+        if not (math.isfinite(self.lr) and self.lr > 0):
+            raise ValueError(f"lr must be finite and > 0, got {self.lr}")
         for name in ("epochs", "iri_steps"):
             if getattr(self, name) is not None and getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
@@ -404,7 +410,7 @@ def _sides(s: CompareSettings, front_source, back_source) -> tuple[Any, _Side, _
     """Load the data for the two models (images, or audio at the models' rate and length)
     and put each model behind its input pipeline."""
     from .data.user import load_user_data
-    from .models.sources import WithAudioInput, WithInput
+    from .models.sources import WithAudioInput, WithInput, for_channels, input_channels
 
     common = dict(test_fraction=s.test_fraction, seed=s.data_seed, n_stitch=s.n_stitch,
                   n_test=s.n_test)  # fmt: skip
@@ -428,7 +434,8 @@ def _sides(s: CompareSettings, front_source, back_source) -> tuple[Any, _Side, _
     sides = []
     for src, size, mean, std in ((front_source, s.front_size, s.front_mean, s.front_std),
                                  (back_source, s.back_size, s.back_mean, s.back_std)):  # fmt: skip
-        spec = src.input.replace(size=size, mean=mean, std=std)
+        spec = for_channels(src.input.replace(size=size, mean=mean, std=std),
+                            input_channels(src.model), src.spec)  # fmt: skip
 
         def wrap(net, points, spec=spec):
             return WithInput(net, spec, data.image_size, points)
@@ -513,7 +520,7 @@ def run_compare(
                         start = _iri_seed(s, spec)
                         key = _key(common | spec | ({"iri_seed": start} if start else {}))
                         runs.append(spec | {"key": key})
-    todo = [r for r in runs if not (store / "compare" / f"{r['key']}.json").exists()]
+    todo = [r for r in runs if not _run_stored(store / "compare" / f"{r['key']}.json", echo)]
     null_fronts: dict[int, nn.Module] = {}  # built once, for the estimate and the runs
     stored = _stored_iri_sets(s, front, back, stitch_set, store, recipe, todo, null_fronts)
     echo(_plan_text(s, data, front, back, cells, objectives, runs, todo,
@@ -531,6 +538,21 @@ def run_compare(
     import pandas as pd
 
     return pd.DataFrame(rows)
+
+
+def _run_stored(path: Path, echo: Callable[[str], None]) -> bool:
+    """Whether a run is stored and readable; a damaged entry (truncated, edited) is reported
+    and computed again (the run overwrites it)."""
+    from .store import DamagedEntry, read_json
+
+    if not path.exists():
+        return False
+    try:
+        read_json(path)
+    except DamagedEntry as exc:
+        echo(f"warning: the stored run {path.name} is damaged ({exc.why}); computing it again.")
+        return False
+    return True
 
 
 def _plan_text(s, data, front, back, cells, objectives, runs, todo, estimate) -> str:

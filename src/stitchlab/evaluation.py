@@ -44,6 +44,8 @@ def evaluate(
             f"reference logits have shape {tuple(ref_logits.shape)}, the stitched model's "
             f"{tuple(logits.shape)}: they must be logits on the same test data."
         )
+    metrics._check_finite(logits, "the stitched model's logits")
+    metrics._check_finite(ref_logits, "the reference logits")
     k = logits.shape[1]
     check_labels(labels, "test_data", num_classes=k)
     agree = metrics.agreement(logits, ref_logits)

@@ -23,7 +23,7 @@ from ._data import check_options
 if TYPE_CHECKING:
     from .objectives import Objective
 
-__all__ = ["TrainingConfig", "check_attack", "train_layer", "EpochBatches"]
+__all__ = ["TrainingConfig", "check_attack", "train_layer", "EpochBatches", "StitchDivergedError"]
 
 
 @dataclass
@@ -54,11 +54,14 @@ class TrainingConfig:
         from ._checks import check_field_types
 
         check_field_types(self, "training")
-        if self.lr < 0 or self.weight_decay < 0 or self.ridge < 0:
+        # (NaN fails every comparison: "not x >= 0" refuses it, "x < 0" would not)
+        if not all(math.isfinite(v) and v >= 0 for v in (self.lr, self.weight_decay, self.ridge)):
             raise ValueError(
-                f"lr, weight_decay and ridge must be >= 0; got lr={self.lr}, "
+                f"lr, weight_decay and ridge must be finite and >= 0; got lr={self.lr}, "
                 f"weight_decay={self.weight_decay}, ridge={self.ridge}"
             )
+        if not (math.isfinite(self.gamma) and self.gamma > 0):
+            raise ValueError(f"gamma must be finite and > 0, got {self.gamma}")
         if self.epochs < 0:
             raise ValueError(f"epochs must be >= 0, got {self.epochs}")
         if self.batch_size is not None and self.batch_size < 1:
@@ -129,6 +132,10 @@ class EpochBatches(torch.utils.data.Sampler):
         return math.ceil(self.n / self.batch_size)
 
 
+class StitchDivergedError(RuntimeError):
+    """Stitch training reached a non-finite loss."""
+
+
 def train_layer(
     stitched: torch.nn.Module,
     objective: Objective,
@@ -159,6 +166,13 @@ def train_layer(
             opt.step()
             sched.step()
             value = float(loss.detach())
+            if not math.isfinite(value):
+                raise StitchDivergedError(
+                    f"stitch training diverged: the {objective.name} loss is {value} at epoch "
+                    f"{epoch + 1}, step {len(step_losses) + 1} (lr {cfg.lr}); lower the "
+                    "learning rate or check the models' activations at the stitch point. "
+                    "No stitch layer with non-finite weights is kept or scored."
+                )
             step_losses.append(value)
             running += value * a.shape[0]
             count += a.shape[0]

@@ -344,6 +344,11 @@ class IRIRecipe:
         from ._checks import check_field_types
 
         check_field_types(self, "IRI recipe")
+        for f in dataclasses.fields(self):  # NaN passes every "x <= 0" test below
+            value = getattr(self, f.name)
+            values = value if isinstance(value, tuple) else (value,)
+            if any(isinstance(v, float) and not math.isfinite(v) for v in values):
+                raise ValueError(f"{f.name} must be finite, got {value}")
         if self.steps < 0:
             raise ValueError(f"steps must be >= 0, got {self.steps}")
         if self.step_size <= 0:

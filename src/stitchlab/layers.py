@@ -308,6 +308,13 @@ class LeastSquares:
         """Add rows ``x`` (n, d_in) with targets ``y`` (n, d_out)."""
         x = x.detach().to("cpu", torch.float64)
         y = y.detach().to("cpu", torch.float64)
+        for t, side in ((x, "front"), (y, "back")):
+            if not bool(torch.isfinite(t).all()):
+                raise ValueError(
+                    f"the {side} model's activations at the stitch point contain NaN or "
+                    "infinite values, so no stitch layer can be fitted to them: check that "
+                    "model's weights (and its inputs) for non-finite values."
+                )
         x1 = torch.cat([x, torch.ones(x.shape[0], 1, dtype=torch.float64)], dim=1)
         self.xtx += x1.T @ x1
         self.xty += x1.T @ y

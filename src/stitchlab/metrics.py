@@ -23,11 +23,45 @@ __all__ = [
 ]
 
 
+def _check_finite(t: Tensor, what: str) -> None:
+    """Refuse a tensor with a NaN or infinite entry: no score is computed from one."""
+    if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+        rows = (~torch.isfinite(t.reshape(len(t), -1))).any(dim=1) if t.dim() else None
+        where = f" ({int(rows.sum())} of {len(t)} samples)" if rows is not None else ""
+        raise ValueError(
+            f"{what} contain NaN or infinite values{where}: the model diverged, has non-finite "
+            "weights or was given non-finite inputs; no score is computed from them."
+        )
+
+
+def _check_logits(t: Tensor, what: str = "logits") -> None:
+    if t.dim() != 2:
+        raise ValueError(f"Expected {what} of shape (N, classes), got {tuple(t.shape)}.")
+    _check_finite(t, what)
+
+
 def _check_pair(a: Tensor, b: Tensor) -> None:
     if a.shape != b.shape or a.dim() != 2:
         raise ValueError(
             f"Expected two logit tensors of equal shape (N, classes), got {tuple(a.shape)} "
             f"and {tuple(b.shape)}."
+        )
+    _check_finite(a, "the first logits")
+    _check_finite(b, "the second logits")
+
+
+def _check_labels(logits: Tensor, labels: Tensor) -> None:
+    """Labels must be integer class indices, one per row of ``logits``: a label tensor of
+    shape (N, 1) would broadcast against the N predictions and give a wrong score."""
+    if labels.dim() != 1 or len(labels) != len(logits):
+        raise ValueError(
+            f"Expected labels of shape ({len(logits)},) for {len(logits)} logits, got "
+            f"{tuple(labels.shape)}; give one integer class index per sample."
+        )
+    if labels.is_floating_point() or labels.dtype == torch.bool or labels.is_complex():
+        raise ValueError(
+            f"labels must be integer class indices, got {labels.dtype}; convert them with "
+            "labels.long() if they are whole numbers."
         )
 
 
@@ -38,6 +72,8 @@ def agreement(logits_a: Tensor, logits_b: Tensor) -> float:
 
 def accuracy(logits: Tensor, labels: Tensor) -> float:
     """Top-1 accuracy in percent."""
+    _check_logits(logits)
+    _check_labels(logits, labels)
     return float((logits.argmax(1) == labels).double().mean() * 100)
 
 
@@ -50,6 +86,7 @@ def hard_agreement(logits_a: Tensor, logits_b: Tensor) -> float:
 def error_consistency(logits_a: Tensor, logits_b: Tensor, labels: Tensor) -> float:
     """Cohen's kappa of the two models' correct/incorrect decisions (Geirhos et al.)."""
     _check_pair(logits_a, logits_b)
+    _check_labels(logits_a, labels)
     ca = logits_a.argmax(1) == labels
     cb = logits_b.argmax(1) == labels
     c_obs = float((ca == cb).double().mean())
@@ -102,6 +139,8 @@ def cka(x: torch.Tensor, y: torch.Tensor) -> float:
     n = x.shape[0]
     if n < 4:
         raise ValueError(f"unbiased CKA needs at least 4 inputs, got {n}")
+    _check_finite(x, "CKA's first representations")
+    _check_finite(y, "CKA's second representations")
     kx = _centered_gram_unbiased(x.reshape(n, -1).double())
     ky = _centered_gram_unbiased(y.reshape(n, -1).double())
     hxy = (kx * ky).sum()
@@ -127,6 +166,27 @@ def _resampled_means(values: np.ndarray, img: np.ndarray, chunk: int = 100) -> n
                            for i in range(0, len(img), chunk)])  # fmt: skip
 
 
+def _agreement_values(values: np.ndarray, what: str) -> np.ndarray:
+    """``values`` as float64 (seeds, images), each a per-image agreement in [0, 1], over at
+    least 2 images (an interval over images needs two)."""
+    values = np.asarray(values, dtype=np.float64)
+    if values.ndim != 2 or values.shape[1] == 0:
+        raise ValueError(f"{what} must be (seeds, images), got shape {values.shape}")
+    if not np.isfinite(values).all():
+        raise ValueError(f"{what} contain NaN or infinite agreements: no interval is computed.")
+    if values.min() < -1e-9 or values.max() > 1 + 1e-9:
+        raise ValueError(
+            f"{what} must be per-image agreements in [0, 1] (per_image_agreement), got "
+            f"values in [{values.min():g}, {values.max():g}]."
+        )
+    if values.shape[1] < 2:
+        raise ValueError(
+            f"an interval over test images needs at least 2 of them, got {values.shape[1]}; "
+            "score on more test images."
+        )
+    return values
+
+
 def bootstrap_agreement(
     values: np.ndarray,
     null_values: np.ndarray | None = None,
@@ -141,9 +201,7 @@ def bootstrap_agreement(
     ``null_values`` (null seeds x the same images) also the null's mean and interval and
     the excess over the null, whose interval resamples the images jointly (paired) and
     the seeds of each side independently."""
-    values = np.asarray(values, dtype=np.float64)
-    if values.ndim != 2 or values.shape[1] == 0:
-        raise ValueError(f"values must be (seeds, images), got shape {values.shape}")
+    values = _agreement_values(values, "values")
     rng = np.random.default_rng(seed)
     n = values.shape[1]
     img = rng.integers(0, n, size=(reps, n), dtype=np.int32)
@@ -161,8 +219,8 @@ def bootstrap_agreement(
            "agreement_seed_std": float(100 * values.mean(axis=1).std(ddof=1))
            if len(values) > 1 else float("nan")}  # fmt: skip
     if null_values is not None and len(null_values):
-        null_values = np.asarray(null_values, dtype=np.float64)
-        if null_values.ndim != 2 or null_values.shape[1] != n:
+        null_values = _agreement_values(null_values, "null_values")
+        if null_values.shape[1] != n:
             raise ValueError("null_values must be (null seeds, the same test images)")
         nrep = replicates(null_values)
         diff = rep - nrep

@@ -13,6 +13,7 @@ Each objective says what it needs, so that the training loop caches and runs onl
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -99,8 +100,8 @@ class SLM(Objective):
     name = "slm"
 
     def __init__(self, temperature: float = 1.0) -> None:
-        if temperature <= 0:
-            raise ValueError(f"SLM temperature must be positive, got {temperature}.")
+        if not (math.isfinite(temperature) and temperature > 0):
+            raise ValueError(f"SLM temperature must be finite and positive, got {temperature}.")
         self.temperature = temperature
 
     @property
@@ -149,6 +150,11 @@ class FuLA(Objective):
     ) -> None:
         self.points = None if points is None else list(points)
         self.weights = None if weights is None else [float(w) for w in weights]
+        w = self.weights
+        if w is not None and not (all(math.isfinite(x) and x >= 0 for x in w) and sum(w) > 0):
+            raise ValueError(
+                f"FuLA weights must be finite, >= 0 and not all 0, got {self.weights}."
+            )
 
     def bind(self, point: str, later: Sequence[str]) -> Objective:  # noqa: D102
         super().bind(point, later)

@@ -107,6 +107,8 @@ class InvarianceAware(Protocol):
             iris = generate_iris(front_model, point, real, seed=seed, device=device,
                                  **tracing, **options)  # fmt: skip
         quality = None
+        if isinstance(iris, IRISet) and self.iris is not None:  # given, not made here
+            _check_set_matches(iris, front_model, point, real, tracing)
         if isinstance(iris, (IRIResult, IRISet)):  # judged with this protocol's thresholds
             quality = IRIQuality.of(
                 iris.rel_error, iris.pixel_rms, self.threshold, iris.null_error,
@@ -115,6 +117,7 @@ class InvarianceAware(Protocol):
             if isinstance(iris, IRIResult):
                 iris = iris.iris
         if isinstance(iris, Tensor):
+            _check_iri_tensor(iris, self.recipe.box)
             if len(iris) != len(real):  # type: ignore[arg-type]
                 raise ValueError(
                     f"{len(iris)} IRIs for {len(real)} stitching images: pass one IRI per "  # type: ignore[arg-type]
@@ -136,6 +139,61 @@ class InvarianceAware(Protocol):
         if self.branches == "back":
             return PairedImages(real, iri_set), quality
         return iri_set, quality
+
+
+def _check_iri_tensor(iris: Tensor, box: tuple[float, float]) -> None:
+    """Refuse IRIs given as a tensor that are not float images in the recipe's box (uint8
+    levels from :func:`~stitchlab.iris.quantise`, or pixels in 0..255, would be trained on
+    as they are)."""
+    if not iris.is_floating_point():
+        raise ValueError(
+            f"IRIs given as a tensor must be float images, got {iris.dtype}; turn stored "
+            "levels back into images with stitchlab.iris.dequantise(levels, box)."
+        )
+    lo, hi = box
+    slack = 1e-4 * (hi - lo)
+    if len(iris) and (float(iris.min()) < lo - slack or float(iris.max()) > hi + slack):
+        raise ValueError(
+            f"IRIs given as a tensor must lie in the recipe's pixel box [{lo:g}, {hi:g}], got "
+            f"values in [{float(iris.min()):g}, {float(iris.max()):g}]; give them on the scale "
+            "of the stitching images (or set the recipe's box to theirs)."
+        )
+
+
+def _check_set_matches(iris: IRISet, front_model: nn.Module, point: str, real: Dataset,
+                       tracing: dict) -> None:  # fmt: skip
+    """Refuse a stored IRI set made at another point, from another front model or from other
+    stitching images than this stitch's: its IRIs would be paired with the wrong sources."""
+    from .iris import _recipe_front, model_fingerprint
+
+    meta = iris.meta
+    made = meta.get("point")
+    if made is not None and made != point:
+        raise IRIError(
+            f"The IRI set in {iris.root} was made at point {made!r}, but this stitch cuts "
+            f"the front at {point!r}; generate the set at {point!r}."
+        )
+    try:
+        rec = IRIRecipe.from_kwargs(**meta["recipe"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise IRIError(
+            f"The IRI set in {iris.root} does not record a recipe stitchlab can read ({exc}); "
+            "generate it again."
+        ) from None
+    front = _recipe_front(front_model, point, tuple(tracing.get("leaf_modules") or ()),
+                          tracing.get("output"), rec)  # fmt: skip
+    if meta.get("front") != model_fingerprint(front):
+        raise IRIError(
+            f"The IRI set in {iris.root} was made from another front model (its weights up to "
+            f"{point!r} differ from this stitch's front); generate the set from this front."
+        )
+    labels = torch.as_tensor([int(real[i][1]) for i in range(len(real))])  # type: ignore[arg-type]
+    if not torch.equal(iris.labels.long(), labels):
+        raise IRIError(
+            f"The IRI set in {iris.root} was made from other stitching images than this "
+            "stitch's (their labels differ in content or order); pass the images the set was "
+            "made from."
+        )
 
 
 def as_protocol(

@@ -477,6 +477,14 @@ def _unknown_point(name: str, valid: Sequence[str], why: str | None = None) -> S
     closest = _closest(name, valid) if not why else ""
     reason = f" It is not a cut point: {why}." if why else ""
     hint = f" Did you mean {closest!r}?" if closest else ""
+    if not valid:
+        return SplitError(
+            f"Unknown stitch point {name!r}: the model has no stitch points. stitchlab cuts "
+            "at the outputs of submodules (torch.fx traces their calls), and this model's "
+            "forward calls none, or only its output layer (functional code such as F.conv2d "
+            "with its own parameters has no names to cut at). Wrap the layers in nn.Module "
+            "attributes (nn.Conv2d, nn.Sequential, ...)."
+        )
     return SplitError(
         f"Unknown stitch point {name!r}.{reason}{hint} Valid points: {', '.join(valid)}"
     )
@@ -921,7 +929,7 @@ class TracedModel:
         layouts = dict(layouts or {})
         for p, lay in layouts.items():
             if lay not in LAYOUTS:
-                raise ValueError(
+                raise SplitError(
                     f"layout of {p!r} must be one of {', '.join(LAYOUTS)}; got {lay!r}"
                 )
         if prefix_tokens is None:
@@ -962,7 +970,7 @@ class TracedModel:
             if lay is None:
                 why = why_no_layout(shape, ax, batch)
             elif len(shape) != len(lay):
-                raise ValueError(
+                raise SplitError(
                     f"layout {lay!r} given for {p!r} does not fit its activation of shape "
                     f"{shape} ({len(shape)} axes)"
                 )

@@ -728,7 +728,11 @@ def _init_subset(dataset: Dataset, n: int, seed: int) -> Dataset:
 
 def _activation_pairs(front: nn.Module, back_prefix: nn.Module, dataset: Dataset, device,
                       batch_size: int):  # fmt: skip
-    with torch.no_grad():
-        for x, _ in batches(dataset, batch_size, device):
-            yield front(x), back_prefix(x)
+    # no_grad around each batch, not around the yield: a generator suspended inside a
+    # no_grad block and closed after its consumer raised would switch gradients off for
+    # the whole process when it is collected
+    for x, _ in batches(dataset, batch_size, device):
+        with torch.no_grad():
+            pair = front(x), back_prefix(x)
+        yield pair
 

@@ -243,7 +243,24 @@ def _read_rgb(source: Path | bytes, what: str) -> Any:
 
     try:
         with Image.open(io.BytesIO(source) if isinstance(source, bytes) else source) as img:
+            if img.mode.startswith("I;16"):
+                # Pillow's convert("RGB") clips 16-bit values at 255 (a white image): scale
+                # the full 16-bit range to 8 bits instead
+                import numpy as np
+
+                level = np.asarray(img, dtype=np.float64) / 65535.0 * 255.0
+                img8 = Image.fromarray(np.rint(level).astype(np.uint8), mode="L")
+                return img8.convert("RGB")
+            if img.mode in ("I", "F"):
+                kind = "integer" if img.mode == "I" else "float"
+                raise DataFileError(
+                    f"Cannot read image {what}: it holds 32-bit {kind} pixels, whose range "
+                    "stitchlab cannot know; save it as 8- or 16-bit (PNG, JPEG) or pass the "
+                    "images as tensors in [0, 1]."
+                )
             return img.convert("RGB")
+    except DataFileError:
+        raise
     except (OSError, ValueError, Image.DecompressionBombError) as exc:
         raise DataFileError(f"Cannot read image {what}: {exc}") from exc
 

@@ -203,6 +203,7 @@ def read_weights(path: str | os.PathLike, *, device: str | torch.device = "cpu")
                 f"{str(path)!r} is damaged (truncated or corrupt safetensors): {exc}"
             ) from exc
         _verify(path, tensors, metadata)
+        _check_no_nan(path, tensors)
         return tensors
     try:
         obj = torch.load(str(path), map_location=device, weights_only=True)
@@ -211,7 +212,21 @@ def read_weights(path: str | os.PathLike, *, device: str | torch.device = "cpu")
             f"{str(path)!r} could not be read safely: it is neither a safetensors file nor a "
             f"PyTorch file of plain tensors (loading refuses stored code). Detail: {exc}"
         ) from exc
-    return _unwrap_state_dict(obj, path)
+    weights = _unwrap_state_dict(obj, path)
+    _check_no_nan(path, weights)
+    return weights
+
+
+def _check_no_nan(path: Path, tensors: dict[str, Tensor]) -> None:
+    """Refuse weights with a NaN: every score of such a model would be NaN or meaningless.
+    (Infinite values are allowed: some models store -inf attention masks as buffers.)"""
+    bad = [k for k, t in tensors.items() if t.is_floating_point() and bool(t.isnan().any())]
+    if bad:
+        raise CheckpointError(
+            f"{str(path)!r} holds NaN weights in {len(bad)} tensor(s) ({', '.join(bad[:3])}): "
+            "the model diverged in training or the file is damaged; stitchlab does not score "
+            "it. Use a checkpoint saved before the divergence."
+        )
 
 
 def _load_into(model: nn.Module, weights: dict[str, Tensor], path: Path) -> None:

@@ -109,9 +109,43 @@ class InputSpec:
         return f"{size}, mean ({mean}), std ({std}) [{self.source}]"
 
 
+#: ITU-R 601-2 luma weights (Pillow's RGB -> "L"): greyscale images given as RGB (equal
+#: channels) come back as their grey level.
+LUMA = (0.299, 0.587, 0.114)
+
+
+def input_channels(net: nn.Module) -> int | None:
+    """The channels of the images ``net`` takes: its ``stitchlab_input_size``, else its
+    first ``Conv2d``'s input channels (None when it has neither)."""
+    size = getattr(net, "stitchlab_input_size", None)
+    if isinstance(size, (tuple, list)) and len(size) == 3:
+        return int(size[0])
+    for m in net.modules():
+        if isinstance(m, nn.Conv2d):
+            return int(m.in_channels)
+    return None
+
+
+def for_channels(spec: InputSpec, channels: int | None, what: str = "the model") -> InputSpec:
+    """``spec`` for a model of ``channels`` input channels: for a greyscale model (1
+    channel) the RGB images are turned to grey (luma), and a normalisation given per RGB
+    channel must be one value repeated (else a clear error)."""
+    if channels != 1 or len(spec.mean) == 1:
+        return spec
+    if len(set(spec.mean)) != 1 or len(set(spec.std)) != 1:
+        raise ValueError(
+            f"{what} takes 1-channel (greyscale) images, but its normalisation has one value "
+            f"per RGB channel (mean {spec.mean}, std {spec.std}); give one value each "
+            "(--front-mean/--front-std or --back-mean/--back-std)."
+        )
+    return InputSpec(spec.size, spec.mean[:1], spec.std[:1],
+                     f"{spec.source}; RGB to grey (luma) for its 1 input channel")  # fmt: skip
+
+
 class WithInput(nn.Module):
-    """``net`` behind its input pipeline: resize to ``spec.size`` (when the data's size
-    differs), then normalise. Stitch points are the net's, prefixed ``net.``."""
+    """``net`` behind its input pipeline: RGB to grey for a 1-channel ``spec`` (luma),
+    resize to ``spec.size`` (when the data's size differs), then normalise. Stitch points
+    are the net's, prefixed ``net.``."""
 
     def __init__(
         self,
@@ -125,12 +159,17 @@ class WithInput(nn.Module):
         self.size = spec.size
         self.resize = spec.size is not None and tuple(spec.size) != tuple(data_size)
         c = len(spec.mean)
+        self.grey = c == 1
+        if self.grey:  # (a buffer only here: RGB models keep their fingerprints)
+            self.register_buffer("luma", torch.tensor(LUMA).view(1, 3, 1, 1))
         self.register_buffer("mean", torch.tensor(spec.mean).view(1, c, 1, 1))
         self.register_buffer("std", torch.tensor(spec.std).view(1, c, 1, 1))
         self.stitchlab_points = [f"net.{p}" for p in points]
         self.stitchlab_wraps = "net"  # its pre_logits point is net.pre_logits
 
     def forward(self, x: Tensor) -> Tensor:  # noqa: D102
+        if self.grey:  # the data are RGB (greyscale files are read as equal channels)
+            x = (x * self.luma).sum(1, keepdim=True)
         if self.resize:
             x = F.interpolate(x, size=self.size, mode="bilinear", align_corners=False,
                               antialias=True)  # fmt: skip

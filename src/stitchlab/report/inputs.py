@@ -176,6 +176,12 @@ def load_results(path: str | os.PathLike[str]) -> pd.DataFrame:
     if not path.is_file():
         raise MissingResultsError(f"no {path.name} at {path}: nothing to report")
     df = _read_text_table(path)
+    if "front_point" in df.columns and "experiment" not in df.columns:
+        raise ReportInputError(
+            f"{path} is a table of stitchlab compare, which wrote its own report.html beside "
+            f"it ({path.parent / 'report.html'}); stitchlab report reads the results of "
+            "stitchlab run (experiments)."
+        )
     _require(df, path, RESULTS_REQUIRED)
     if df.empty:
         raise ReportInputError(f"{path.name} ({path}) has a header but no result rows")
