@@ -60,9 +60,15 @@ def test_cka_refuses_non_finite_representations():
             metrics.cka(bad, y)
 
 
-def test_bootstrap_refuses_one_image_and_values_outside_0_1():
-    with pytest.raises(ValueError, match="at least 2"):  # was an interval of width 0
-        metrics.agreement_interval(torch.randn(1, 3), torch.randn(1, 3))
+def test_bootstrap_refuses_one_image_and_values_outside_0_1(pair):
+    # over one image there is no interval: NaN bounds (were [a, a]), the score stays
+    assert all(math.isnan(v) for v in metrics.agreement_interval(torch.randn(1, 3),
+                                                                 torch.randn(1, 3)))  # fmt: skip
+    a, b, x, y = pair
+    one = sl.evaluate(a, (x[:1], y[:1]), b)
+    assert 0 <= one["agreement"] <= 100 and math.isnan(one["agreement_ci_low"])
+    with pytest.raises(ValueError, match="at least 2"):
+        metrics.bootstrap_agreement(np.array([[0.5]]))
     with pytest.raises(ValueError, match=r"in \[0, 1\]"):  # was agreement 100 in [-300, 500]
         metrics.bootstrap_agreement(np.array([[5.0, -3.0]]))
     with pytest.raises(ValueError, match="NaN"):
@@ -95,10 +101,15 @@ def test_data_refuses_empty_sets_vector_labels_and_third_elements(pair):
     vector = _Items(x, y, lambda img, lab: (img, lab[None]))
     with pytest.raises(sl.DataError, match=r"label must be one class index"):
         sl.evaluate(a, vector, b)
-    # a third element was read as the back model's target images
+    # a third element was read as the back model's target images in stitch training
     third = _Items(x, y, lambda img, lab: (img, lab, torch.zeros_like(img)))
     with pytest.raises(sl.DataError, match="got 3 elements"):
         sl.stitch(a, b, "blocks.1", third, epochs=1)
+    with pytest.raises(sl.DataError, match="got 3 elements"):  # streamed, not cached
+        sl.stitch(a, b, "blocks.1", third, epochs=1, cache=False)
+    # elsewhere an extra element (an index, metadata) is ignored, as before
+    indexed = _Items(x, y, lambda img, lab: (img, lab, 7))
+    assert sl.evaluate(a, indexed, b) == sl.evaluate(a, (x, y), b)
 
 
 def test_sixteen_bit_png_keeps_its_levels(tmp_path):
@@ -166,6 +177,17 @@ def test_nan_weights_are_refused_at_fitting_and_loading(pair, tmp_path):
         models.load(path)
 
 
+def test_diverging_model_training_stops_before_saving(tmp_path):
+    from stitchlab.train import fast_recipe, train_model
+    from stitchlab.train.loop import TrainingDivergedError
+
+    x, y = shapes(64, seed=0)
+    with pytest.raises(TrainingDivergedError, match="training diverged in epoch 1"):
+        train_model(models.create("small_cnn", width=8), (x, y), out=tmp_path / "m",
+                    recipe=fast_recipe(epochs=1, lr=1e30, batch_size=32))  # fmt: skip
+    assert not list((tmp_path / "m").glob("*.safetensors"))  # nothing of it was saved
+
+
 # --- IRIs ------------------------------------------------------------------------------
 
 
@@ -183,6 +205,12 @@ def test_given_iris_must_match_the_stitch(pair, tmp_path):
     other = sl.generate_iris_set(a, "blocks.1", shapes(32, seed=5), tmp_path / "c", **kw)
     run = {"protocol": "iris", "allow_flagged_iris": True, "epochs": 1}
     sl.stitch(a, b, "blocks.1", (x, y), iris=at1, **run)  # the matching set
+    # at an affine point (the recipe's key records its Polyak rule) a matching set passes
+    at0 = sl.generate_iris_set(a, "blocks.0", (x, y), tmp_path / "c", **kw)
+    assert "affine_rule" in at0.meta["recipe"]
+    sl.stitch(a, b, "blocks.0", (x, y), iris=at0, **run)
+    with pytest.raises(IRIError, match="another front model"):  # also inside a DataLoader
+        sl.stitch(a, b, "blocks.1", (x, y), iris=torch.utils.data.DataLoader(of_b), **run)
     with pytest.raises(IRIError, match="made at point 'blocks.2'"):
         sl.stitch(a, b, "blocks.1", (x, y), iris=at2, **run)
     with pytest.raises(IRIError, match="another front model"):
@@ -194,6 +222,7 @@ def test_given_iris_must_match_the_stitch(pair, tmp_path):
         sl.stitch(a, b, "blocks.1", (x, y), iris=quantise(result.iris), **run)
     with pytest.raises(ValueError, match=r"pixel box \[0, 1\]"):
         sl.stitch(a, b, "blocks.1", (x, y), iris=result.iris * 255, **run)
+    sl.stitch(a, b, "blocks.1", (x, y), iris=result, **run)  # an IRIResult: its own box
 
 
 # --- compare's store -------------------------------------------------------------------
@@ -217,6 +246,16 @@ def test_compare_recomputes_a_damaged_stored_run(tmp_path):
     again = run_compare(s, tmp_path / "o", progress=False, echo=said.append)
     assert any("is damaged" in line and "computing it again" in line for line in said)
     assert again["agreement"].tolist() == first["agreement"].tolist() == [100.0]
+    # a run stored with NaN agreements (as NaN logits gave before) is computed again too
+    from stitchlab.compare import _pack
+    from stitchlab.store import read_json, write_json
+
+    entry = read_json(stored[0])
+    write_json(stored[0], entry | {"values": _pack(torch.full((entry["n"],), math.nan))})
+    said.clear()
+    third = run_compare(s, tmp_path / "o", progress=False, echo=said.append)
+    assert any("not all numbers in [0, 1]" in line for line in said)
+    assert third["agreement"].tolist() == [100.0]
 
 
 # --- clear errors instead of torch's ---------------------------------------------------

@@ -394,6 +394,10 @@ def test_compare_greyscale_models_see_grey_images(tmp_path, folder):
     with pytest.raises(ValueError, match="one value per RGB channel"):
         for_channels(InputSpec(mean=(0.4, 0.5, 0.6)), 1)
     assert for_channels(InputSpec(), 3) == InputSpec()  # RGB models keep their pipeline
+    # an RGB model given one mean and std broadcasts them over its channels (no luma)
+    rgb = models.create("small_cnn", num_classes=3, width=8).eval()
+    one = WithInput(rgb, InputSpec(mean=(0.5,), std=(0.25,)), (32, 32), [])
+    assert not one.grey and one(torch.rand(2, 3, 32, 32)).shape == (2, 3)
     path = models.save(m, tmp_path / "grey.safetensors")
     s = CompareSettings.quick(front=str(path), back=str(path), data=str(folder),
                               points=("blocks.1",), epochs=0, protocols=("standard",),

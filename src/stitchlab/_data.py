@@ -113,13 +113,20 @@ def as_dataset(data: DataLike, what: str = "data") -> tuple[Dataset, int | None]
             "dataset (a label of shape (1,) would be scored against every prediction)."
         )
     check_labels(label, what)
-    if len(first) > 2 and not isinstance(_innermost(data), PairedImages):
-        raise DataError(
-            f"{what}: each item must be an (image, label) pair, got {len(first)} elements; "
-            "stitchlab would read a third element as the back model's target images. Return "
-            "(image, label) items."
-        )
     return data, batch_size
+
+
+def check_training_items(dataset: Dataset, what: str = "stitching data") -> None:
+    """Refuse items of more than two elements for stitch training, where a third element
+    would be read as the back model's target images (only :class:`PairedImages` pairs
+    them); elsewhere extra elements (an index, metadata) are ignored."""
+    first = dataset[0]
+    if len(first) > 2 and not isinstance(_innermost(dataset), PairedImages):
+        raise DataError(
+            f"{what}: stitch training takes (image, label) items, got {len(first)} elements; "
+            "a third element would be read as the back model's target images. Return "
+            "(image, label) items for stitching."
+        )
 
 
 def _innermost(dataset: Dataset) -> Dataset:
@@ -220,6 +227,7 @@ def triples(
 ) -> Iterator[tuple[Tensor, Tensor, Tensor]]:
     """Ordered ``(front images, labels, target images)`` batches; the target images are
     the front images unless the data set pairs them (:class:`PairedImages`)."""
+    check_training_items(dataset)
     for item in loader(dataset, batch_size, num_workers=num_workers):
         yield _triple(item, device)
 

@@ -548,11 +548,18 @@ def _run_stored(path: Path, echo: Callable[[str], None]) -> bool:
     if not path.exists():
         return False
     try:
-        read_json(path)
+        entry = read_json(path)
+        values = _unpack(entry["values"], int(entry["n"]))
     except DamagedEntry as exc:
-        echo(f"warning: the stored run {path.name} is damaged ({exc.why}); computing it again.")
-        return False
-    return True
+        why = exc.why
+    except (KeyError, TypeError, ValueError) as exc:  # binascii.Error is a ValueError
+        why = f"its per-image values cannot be read: {exc}"
+    else:
+        if values.size and np.isfinite(values).all() and 0 <= values.min() <= values.max() <= 1:
+            return True
+        why = "its per-image agreements are not all numbers in [0, 1]"
+    echo(f"warning: the stored run {path.name} is damaged ({why}); computing it again.")
+    return False
 
 
 def _plan_text(s, data, front, back, cells, objectives, runs, todo, estimate) -> str:

@@ -239,7 +239,10 @@ def agreement_interval(
     seed: int = 0,
 ) -> tuple[float, float]:
     """Percentile bootstrap interval (%) of :func:`agreement` over the test images
-    (``reps`` resamples of the images with replacement; seeded, so reproducible)."""
+    (``reps`` resamples of the images with replacement; seeded, so reproducible); NaN
+    bounds for a single image, over which no interval exists."""
     values = per_image_agreement(logits_a, logits_b).numpy()
+    if len(values) < 2:
+        return float("nan"), float("nan")
     stats = bootstrap_agreement(values[None], reps=reps, confidence=confidence, seed=seed)
     return stats["agreement_ci_low"], stats["agreement_ci_high"]

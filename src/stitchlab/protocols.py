@@ -16,9 +16,10 @@ from typing import Any, ClassVar, Literal
 
 import torch
 from torch import Tensor, nn
-from torch.utils.data import Dataset, TensorDataset
+from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from ._data import PairedImages, as_dataset
+from .data.tensors import labels_of
 from .iris import (
     MIN_NULL_RATIO,
     THRESHOLD,
@@ -107,8 +108,10 @@ class InvarianceAware(Protocol):
             iris = generate_iris(front_model, point, real, seed=seed, device=device,
                                  **tracing, **options)  # fmt: skip
         quality = None
-        if isinstance(iris, IRISet) and self.iris is not None:  # given, not made here
-            _check_set_matches(iris, front_model, point, real, tracing)
+        given_result = isinstance(iris, IRIResult)
+        given_set = iris.dataset if isinstance(iris, DataLoader) else iris
+        if isinstance(given_set, IRISet) and self.iris is not None:  # given, not made here
+            _check_set_matches(given_set, front_model, point, real, tracing)
         if isinstance(iris, (IRIResult, IRISet)):  # judged with this protocol's thresholds
             quality = IRIQuality.of(
                 iris.rel_error, iris.pixel_rms, self.threshold, iris.null_error,
@@ -117,14 +120,13 @@ class InvarianceAware(Protocol):
             if isinstance(iris, IRIResult):
                 iris = iris.iris
         if isinstance(iris, Tensor):
-            _check_iri_tensor(iris, self.recipe.box)
+            _check_iri_tensor(iris, None if given_result else self.recipe.box)
             if len(iris) != len(real):  # type: ignore[arg-type]
                 raise ValueError(
                     f"{len(iris)} IRIs for {len(real)} stitching images: pass one IRI per "  # type: ignore[arg-type]
                     "image."
                 )
-            labels = torch.as_tensor([int(real[i][1]) for i in range(len(real))])  # type: ignore[arg-type]
-            iris = TensorDataset(iris.float(), labels)
+            iris = TensorDataset(iris.float(), labels_of(real))
         iri_set, _ = as_dataset(iris, "iris")
         if len(iri_set) != len(real):  # type: ignore[arg-type]
             raise ValueError(f"{len(iri_set)} IRIs for {len(real)} stitching images.")  # type: ignore[arg-type]
@@ -141,22 +143,25 @@ class InvarianceAware(Protocol):
         return iri_set, quality
 
 
-def _check_iri_tensor(iris: Tensor, box: tuple[float, float]) -> None:
-    """Refuse IRIs given as a tensor that are not float images in the recipe's box (uint8
-    levels from :func:`~stitchlab.iris.quantise`, or pixels in 0..255, would be trained on
-    as they are)."""
+def _check_iri_tensor(iris: Tensor, box: tuple[float, float] | None) -> None:
+    """Refuse IRIs given as a tensor that are not float images (uint8 levels from
+    :func:`~stitchlab.iris.quantise` would be trained on as 0..255) or lie outside ``box``
+    (the recipe's; None for an ``IRIResult``, made in its own recipe's box)."""
     if not iris.is_floating_point():
         raise ValueError(
             f"IRIs given as a tensor must be float images, got {iris.dtype}; turn stored "
             "levels back into images with stitchlab.iris.dequantise(levels, box)."
         )
+    if box is None:
+        return
     lo, hi = box
     slack = 1e-4 * (hi - lo)
     if len(iris) and (float(iris.min()) < lo - slack or float(iris.max()) > hi + slack):
         raise ValueError(
             f"IRIs given as a tensor must lie in the recipe's pixel box [{lo:g}, {hi:g}], got "
             f"values in [{float(iris.min()):g}, {float(iris.max()):g}]; give them on the scale "
-            "of the stitching images (or set the recipe's box to theirs)."
+            "of the stitching images, or set the recipe's box to theirs (iris_options="
+            "{'box': (low, high)})."
         )
 
 
@@ -164,7 +169,7 @@ def _check_set_matches(iris: IRISet, front_model: nn.Module, point: str, real: D
                        tracing: dict) -> None:  # fmt: skip
     """Refuse a stored IRI set made at another point, from another front model or from other
     stitching images than this stitch's: its IRIs would be paired with the wrong sources."""
-    from .iris import _recipe_front, model_fingerprint
+    from .iris import _frozen_front, model_fingerprint
 
     meta = iris.meta
     made = meta.get("point")
@@ -173,22 +178,19 @@ def _check_set_matches(iris: IRISet, front_model: nn.Module, point: str, real: D
             f"The IRI set in {iris.root} was made at point {made!r}, but this stitch cuts "
             f"the front at {point!r}; generate the set at {point!r}."
         )
-    try:
-        rec = IRIRecipe.from_kwargs(**meta["recipe"])
-    except (KeyError, TypeError, ValueError) as exc:
-        raise IRIError(
-            f"The IRI set in {iris.root} does not record a recipe stitchlab can read ({exc}); "
-            "generate it again."
-        ) from None
-    front = _recipe_front(front_model, point, tuple(tracing.get("leaf_modules") or ()),
-                          tracing.get("output"), rec)  # fmt: skip
+    # the front as the set's recipe built it: only its ReLU gradient changes the module (a
+    # field the set's key leaves out did not apply to it, so the default stands in)
+    recipe, default = meta.get("recipe") or {}, IRIRecipe()
+    relu = [recipe.get(k, getattr(default, k))
+            for k in ("relu_grad", "relu_slope", "relu_width", "relu_floor")]  # fmt: skip
+    front = _frozen_front(front_model, point, tuple(tracing.get("leaf_modules") or ()),
+                          tracing.get("output"), *relu)  # fmt: skip
     if meta.get("front") != model_fingerprint(front):
         raise IRIError(
             f"The IRI set in {iris.root} was made from another front model (its weights up to "
             f"{point!r} differ from this stitch's front); generate the set from this front."
         )
-    labels = torch.as_tensor([int(real[i][1]) for i in range(len(real))])  # type: ignore[arg-type]
-    if not torch.equal(iris.labels.long(), labels):
+    if not torch.equal(iris.labels.long(), labels_of(real)):
         raise IRIError(
             f"The IRI set in {iris.root} was made from other stitching images than this "
             "stitch's (their labels differ in content or order); pass the images the set was "

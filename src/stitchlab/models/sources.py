@@ -135,8 +135,8 @@ def for_channels(spec: InputSpec, channels: int | None, what: str = "the model")
     if len(set(spec.mean)) != 1 or len(set(spec.std)) != 1:
         raise ValueError(
             f"{what} takes 1-channel (greyscale) images, but its normalisation has one value "
-            f"per RGB channel (mean {spec.mean}, std {spec.std}); give one value each "
-            "(--front-mean/--front-std or --back-mean/--back-std)."
+            f"per RGB channel (mean {spec.mean}, std {spec.std}); give the same value for "
+            "every channel (e.g. --front-mean 0.5 0.5 0.5 --front-std 0.25 0.25 0.25)."
         )
     return InputSpec(spec.size, spec.mean[:1], spec.std[:1],
                      f"{spec.source}; RGB to grey (luma) for its 1 input channel")  # fmt: skip
@@ -159,7 +159,9 @@ class WithInput(nn.Module):
         self.size = spec.size
         self.resize = spec.size is not None and tuple(spec.size) != tuple(data_size)
         c = len(spec.mean)
-        self.grey = c == 1
+        # luma only for a model of 1 input channel (an RGB model given one mean and std
+        # broadcasts them over its three channels, as before)
+        self.grey = c == 1 and input_channels(net) == 1
         if self.grey:  # (a buffer only here: RGB models keep their fingerprints)
             self.register_buffer("luma", torch.tensor(LUMA).view(1, 3, 1, 1))
         self.register_buffer("mean", torch.tensor(spec.mean).view(1, c, 1, 1))

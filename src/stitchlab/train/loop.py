@@ -36,6 +36,10 @@ MODEL_FILE = "model.safetensors"
 _STATE_FORMAT = "stitchlab-train-state-1"
 
 
+class TrainingDivergedError(RuntimeError):
+    """Model training left non-finite weights."""
+
+
 @dataclass
 class TrainResult:
     """What :func:`train_model` returns."""
@@ -294,6 +298,19 @@ class _Run:
             x = x.contiguous(memory_format=torch.channels_last)
         return x
 
+    def _check_finite(self, epoch: int, total_loss: float) -> None:
+        """Stop when an epoch left a non-finite weight (a diverged run; with a GradScaler a
+        single non-finite step is skipped and is not divergence)."""
+        bad = [f"{name}.{p}" for name, m in self.modules.items()
+               for p, t in m.named_parameters() if not bool(torch.isfinite(t).all())]  # fmt: skip
+        if bad:
+            raise TrainingDivergedError(
+                f"training diverged in epoch {epoch + 1}: non-finite weights in "
+                f"{', '.join(bad[:3])}{' ...' if len(bad) > 3 else ''} (summed loss "
+                f"{total_loss:.4g}); lower the learning rate or check the data. Nothing of "
+                "this epoch is saved; the last saved epoch is kept."
+            )
+
     def epochs(
         self,
         dataset: Dataset,
@@ -349,6 +366,7 @@ class _Run:
                 count += n_batch
                 if bar is not None:
                     bar.update(1)
+            self._check_finite(epoch, total_loss)
             record = {
                 "epoch": epoch + 1,
                 "loss": total_loss / max(count, 1),
