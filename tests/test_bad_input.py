@@ -299,3 +299,22 @@ def test_layers_reads_a_greyscale_models_channels(tmp_path, capsys):
     assert main(["layers", str(path)]) == 0
     assert "input 1x32x32" in capsys.readouterr().out
     assert main(["layers", str(path), "--input-size", "0"]) == 2  # was silently 32
+
+
+@pytest.mark.filterwarnings("ignore:IRIs")
+def test_iri_set_metadata_must_agree_with_its_chunks(pair, tmp_path):
+    """Hand-edited metadata with a valid checksum: a wrong count (was 20 items over 32
+    labels), chunk_size 0 (was a ZeroDivisionError) or no recipe (was a KeyError)."""
+    from stitchlab.iris import IRIError, IRISet
+    from stitchlab.store import read_json, write_json
+
+    a, b, x, y = pair
+    made = sl.generate_iris_set(a, "blocks.1", (x, y), tmp_path / "c", steps=2, progress=False)
+    meta = read_json(made.root / "meta.json")
+    assert len(IRISet(made.root)) == 32
+    for edit, why in (({"n": 20}, "holds 32 IRIs where its metadata says 20"),
+                      ({"chunk_size": 0}, "chunk_size and n must be >= 1"),
+                      ({"recipe": None}, "not what generate_iris_set writes")):  # fmt: skip
+        write_json(made.root / "meta.json", meta | edit)
+        with pytest.raises(IRIError, match=why):
+            IRISet(made.root)

@@ -2034,15 +2034,28 @@ class IRISet(Dataset):
                 f"The IRI set in {self.root} is incomplete; run generate_iris_set again to "
                 "resume it."
             )
-        self.chunk_size = int(self.meta["chunk_size"])
-        self.n = int(self.meta["n"])
-        self.box = tuple(self.meta["recipe"]["box"])
-        self.precision = str(self.meta["recipe"].get("precision", "uint8"))
+        try:
+            self.chunk_size = int(self.meta["chunk_size"])
+            self.n = int(self.meta["n"])
+            self.box = tuple(float(v) for v in self.meta["recipe"]["box"])
+            self.precision = str(self.meta["recipe"].get("precision", "uint8"))
+            if self.chunk_size < 1 or self.n < 1 or len(self.box) != 2:
+                raise ValueError("chunk_size and n must be >= 1, box two numbers")
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise IRIError(
+                f"The IRI set's metadata {meta_path} is not what generate_iris_set writes "
+                f"({type(exc).__name__}: {exc}); run it again to regenerate the set."
+            ) from None
         self._cached: tuple[int, dict[str, Tensor]] | None = None
         stats = [self._chunk(i) for i in range(self.num_chunks)]
         self.rel_error = torch.cat([s["rel_error"] for s in stats])
         self.pixel_rms = torch.cat([s["pixel_rms"] for s in stats])
         self.labels = torch.cat([s["labels"] for s in stats])
+        if not len(self.labels) == len(self.rel_error) == self.n:
+            raise IRIError(
+                f"The IRI set in {self.root} holds {len(self.labels)} IRIs where its metadata "
+                f"says {self.n}; run generate_iris_set again to regenerate the set."
+            )
         self.null_error = (
             torch.cat([s["null_error"] for s in stats])
             if all("null_error" in s for s in stats)
