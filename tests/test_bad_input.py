@@ -318,3 +318,23 @@ def test_iri_set_metadata_must_agree_with_its_chunks(pair, tmp_path):
         write_json(made.root / "meta.json", meta | edit)
         with pytest.raises(IRIError, match=why):
             IRISet(made.root)
+
+
+def test_waveforms_laid_out_time_first_are_refused(tmp_path):
+    """(N, T, C) arrays, as soundfile reads them, were averaged over T as if it were the
+    channels: every clip became silence and compare reported 100% agreement."""
+    from stitchlab.data.tensors import DataFileError
+    from stitchlab.data.user import load_user_data
+
+    t = np.linspace(0, 1, 800, dtype=np.float32)
+    tones = np.stack([0.5 * np.sin(2 * np.pi * (200 + 50 * k) * t) for k in range(12)])
+    labels = np.arange(12) % 3
+    np.savez(tmp_path / "ntc.npz", waveforms=np.stack([tones, tones], 2), labels=labels,
+             sample_rate=np.array(800))  # fmt: skip
+    with pytest.raises(DataFileError, match=r"probably \(N, T, channels\)"):
+        load_user_data(tmp_path / "ntc.npz", n_test=4)
+    np.savez(tmp_path / "nct.npz", waveforms=np.stack([tones, tones], 1), labels=labels,
+             sample_rate=np.array(800))  # fmt: skip
+    data = load_user_data(tmp_path / "nct.npz", n_test=4)
+    clip = data.stitch[0][0]
+    assert clip.shape == (1, 800) and float(clip.abs().max()) > 0.4

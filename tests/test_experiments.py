@@ -484,3 +484,26 @@ def test_null_pair_with_a_random_front(tmp_path):
     bad["models"]["random"]["recipe"] = {"epochs": 2}
     with pytest.raises(ConfigError, match="untrained network"):
         load_config(bad)
+
+
+def test_config_refuses_a_wrong_class_count_nan_thresholds_and_string_booleans():
+    """num_classes = 100 on 10-class shapes passed and put the chance level at 1% in
+    agreement_normalized (the report said 10); threshold = nan switched off the IRI flag;
+    cka = "false" ran CKA."""
+    for where, edit, match in (
+        ("data", {"num_classes": 100}, r"shapes data has 10 classes but num_classes is 100"),
+        ("iris", {"threshold": float("nan")}, r"\[iris\] threshold must be a positive"),
+        ("iris", {"min_null_ratio": float("inf")}, r"\[iris\] min_null_ratio"),
+        ("stitch", {"cka": "false"}, r"\[stitch\] cka must be true or false"),
+        ("stitch", {"n_stitch": 5000}, r"n_stitch is 5000, more than the 240 training"),
+    ):
+        config = copy.deepcopy(TINY)
+        config[where].update(edit)
+        with pytest.raises(ConfigError, match=match):
+            load_config(config)
+    config = copy.deepcopy(TINY)
+    config["data"].update({"num_classes": 4, "options": {"num_classes": 4}})
+    load_config(config)  # generated data of 4 classes
+    config["models"]["back"]["data"] = {"num_classes": 3}
+    with pytest.raises(ConfigError, match=r"\[models.back\] data shapes data has 4 classes"):
+        load_config(config)

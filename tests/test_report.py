@@ -399,3 +399,24 @@ def test_iri_transfer_hand_computed():
     assert list(t["iri_back_agreement"]) == [50.0, 10.0]  # (40 + 60) / 2
     assert list(t["iri_front_agreement"]) == [99.0, 99.0]
     assert iri_transfer(pd.DataFrame(rows[3:])) is None
+
+
+def test_scores_out_of_range_or_missing_are_refused_and_missing_runs_named(tmp_path):
+    """An agreement of 800, inf or an empty cell was averaged in ("190.0 ± 216.6"); runs
+    missing at one point were averaged over other seeds while the table said "seeds 3"."""
+    rows = [_row(point=f"p{i}", point_index=i, seed=s, agreement=a)
+            for i in (1, 2) for s, a in ((1, 60.0), (2, 70.0), (3, 80.0))]  # fmt: skip
+    for bad in (800.0, math.inf, -5.0, math.nan):
+        table = pd.DataFrame(rows)
+        table.loc[2, "agreement"] = bad
+        table.to_csv(tmp_path / "results.csv", index=False)
+        with pytest.raises(ReportInputError, match=r"'agreement' must hold percentages .*\[4\]"):
+            load_results(tmp_path / "results.csv")
+    pd.DataFrame(rows).to_csv(tmp_path / "results.csv", index=False)
+    whole = layer_averages(load_results(tmp_path / "results.csv"))
+    assert whole[["n_seeds", "min_seeds"]].values.tolist() == [[3, 3]]
+    pd.DataFrame(rows[:5]).to_csv(tmp_path / "results.csv", index=False)  # seed 3 lost at p2
+    part = layer_averages(load_results(tmp_path / "results.csv"))
+    assert part[["n_seeds", "min_seeds"]].values.tolist() == [[3, 2]]
+    html = make_report(tmp_path, formats=("png",)).read_text()
+    assert "2–3 (runs missing)" in html

@@ -910,6 +910,13 @@ def _as_waveforms(raw: Tensor | np.ndarray, key: str, where: str) -> Tensor:
         raise DataFileError(f"Waveforms {key!r} in {where} have dtype {x.dtype}: expected "
                             "float in [-1, 1] or int16 PCM.")  # fmt: skip
     shape = tuple(x.shape)
+    if x.dim() == 3 and x.shape[1] > x.shape[2]:
+        raise DataFileError(
+            f"Waveforms {key!r} in {where} have shape {shape}, read as (N, channels, T) with "
+            f"{shape[1]} channels of {shape[2]} samples: more channels than samples, so they "
+            "are probably (N, T, channels), as soundfile reads them; transpose them with "
+            "np.transpose(waveforms, (0, 2, 1))."
+        )
     if x.dim() == 3:
         x = x.float().mean(1)
     elif x.dim() != 2:

@@ -62,6 +62,7 @@ import copy
 import difflib
 import hashlib
 import json
+import math
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -208,7 +209,7 @@ def _validate(raw: dict[str, Any]) -> Experiment:
     _int(data["seed"], "[data] seed")
     if data["kind"] in DISK_KINDS and not data["root"]:
         raise ConfigError(f"[data] kind {data['kind']!r} needs a root folder (root = '...')")
-    _check_speech(data, "[data]")
+    _check_classes(data, "[data]")
     raw["data"] = data
     speech = data["kind"] in SPEECH_KINDS
     markers = AUDIO_MARKERS if speech else IMAGE_MARKERS
@@ -227,7 +228,8 @@ def _validate(raw: dict[str, Any]) -> Experiment:
                 raise ConfigError(f"{where} data kind {full['data']['kind']!r} is not {modality} "
                                   f"data like [data] ({data['kind']!r}); a model trained on "
                                   "it could not read the stitching data")  # fmt: skip
-            _check_speech({**data, **full["data"]}, f"{where} data")
+        if full["data"]:
+            _check_classes({**data, **full["data"]}, f"{where} data")
         full["tracing"] = _check_tracing({k: full.pop(k) for k in _TRACING if k in full}, where)
         if not model_registry.is_known(str(full.get("arch"))):
             close = difflib.get_close_matches(str(full.get("arch")), model_registry.list_models())
@@ -299,6 +301,12 @@ def _validate(raw: dict[str, Any]) -> Experiment:
     _check_keys(stitch, _STITCH, "[stitch]")
     for key in ("n_stitch", "n_init", "eval_batch_size"):
         _positive_int(stitch[key], f"[stitch] {key}")
+    if "n_stitch" in raw.get("stitch", {}) and stitch["n_stitch"] > data["n_train"]:
+        raise ConfigError(
+            f"[stitch] n_stitch is {stitch['n_stitch']}, more than the {data['n_train']} "
+            "training images ([data] n_train) it is drawn from; set n_stitch <= n_train "
+            "(left out, it defaults to min(1000, n_train))."
+        )
     if not isinstance(stitch["seeds"], list) or not stitch["seeds"]:
         raise ConfigError(f"[stitch] seeds must be a list of integers, got {stitch['seeds']!r}")
     for seed in stitch["seeds"]:
@@ -311,6 +319,9 @@ def _validate(raw: dict[str, Any]) -> Experiment:
     for p in stitch["protocols"]:
         _one_of(p, PROTOCOLS, "[stitch] protocols entry")
     _one_of(stitch["iris_branches"], ("both", "front", "back"), "[stitch] iris_branches")
+    for key in ("cka", "excess"):
+        if not isinstance(stitch[key], bool):
+            raise ConfigError(f"[stitch] {key} must be true or false, got {stitch[key]!r}")
     from ..fit import TrainingConfig
 
     try:
@@ -346,7 +357,7 @@ def _validate(raw: dict[str, Any]) -> Experiment:
         )
     for key in ("threshold", "min_null_ratio"):
         if key in iris and (isinstance(iris[key], bool) or not isinstance(iris[key], (int, float))
-                            or iris[key] <= 0):  # fmt: skip
+                            or not (math.isfinite(iris[key]) and iris[key] > 0)):  # fmt: skip
             raise ConfigError(f"[iris] {key} must be a positive number, got {iris[key]!r}")
     raw["iris"] = iris
     run = {"threads": 2, "device": "cpu"}
@@ -390,8 +401,10 @@ def _check_device(device: Any) -> None:
         )
 
 
-def _check_speech(data: dict, where: str) -> None:
-    """The words of ``spoken_words`` data, one per class."""
+def _check_classes(data: dict, where: str) -> None:
+    """The class count of a data table: ``num_classes`` must be the data's (the words of
+    ``spoken_words`` data, one per class; the fixed count of a known kind; generated
+    images' ``options.num_classes``)."""
     if data.get("kind") == "spoken_words":
         words = data.get("options", {}).get("words")
         if not isinstance(words, list) or len(words) < 2:
@@ -403,6 +416,24 @@ def _check_speech(data: dict, where: str) -> None:
     elif data.get("kind") == "spoken_digits" and data["num_classes"] != 10:
         raise ConfigError(f"{where} spoken_digits has 10 classes; num_classes is "
                           f"{data['num_classes']}")  # fmt: skip
+    classes = _KIND_CLASSES.get(str(data.get("kind")))
+    if data.get("kind") in ("shapes", "cues"):
+        classes = (data.get("options") or {}).get("num_classes", 10)
+    if classes is not None and data["num_classes"] != classes:
+        raise ConfigError(
+            f"{where} {data['kind']} data has {classes} classes but num_classes is "
+            f"{data['num_classes']}: the models' outputs and the chance level (100/K in "
+            f"agreement_normalized) follow num_classes; set num_classes = {classes}"
+            + (" (or options.num_classes for generated data)"
+               if data.get("kind") in ("shapes", "cues") else "")
+            + "."
+        )
+
+
+#: The class count of data kinds with a fixed one (generated images: options.num_classes).
+#: (ImageNet-B100 takes its classes from its folder or options, so it is not listed.)
+_KIND_CLASSES = {"cifar10": 10, "mnist": 10, "coloured_mnist": 10, "ls_imagenet10": 10,
+                 "imagenet100": 100}  # fmt: skip
 
 
 def _check_recipe(model: dict, where: str) -> None:

@@ -116,7 +116,9 @@ def layer_average_matrix(table: pd.DataFrame, digits: int = 1) -> pd.DataFrame:
                     text += f" ± {float(std):.{digits}f}"
                 row[f"{objective_label(o)} {protocol_label(p)}"] = text
         row["points"] = int(t["n_points"].max())
-        row["seeds"] = int(t["n_seeds"].max())
+        most, fewest = int(t["n_seeds"].max()), int(t["min_seeds"].min())
+        # runs missing at some points: say so rather than a count that holds nowhere whole
+        row["seeds"] = most if fewest == most else f"{fewest}–{most} (runs missing)"
         rows.append(row)
     return pd.DataFrame(rows).fillna("—")
 

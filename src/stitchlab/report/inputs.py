@@ -194,6 +194,7 @@ def load_results(path: str | os.PathLike[str]) -> pd.DataFrame:
     numeric = [c for c in RESULTS_REQUIRED if c not in _RESULTS_TEXT + _RESULTS_INT]
     for c in numeric + [c for c in RESULTS_OPTIONAL_NUMERIC if c in df.columns]:
         _numeric(df, c, path)
+    _percentages(df, path)
     if "marker" in df.columns:
         _text(df, "marker")
     else:
@@ -205,6 +206,28 @@ def load_results(path: str | os.PathLike[str]) -> pd.DataFrame:
     if "iri_flagged" in df.columns:
         _boolean(df, "iri_flagged", path)
     return df.reset_index(drop=True)
+
+
+#: Scores in percent: every row must have the first two, the others where present.
+_PERCENT_REQUIRED = ("agreement", "hard_agreement")
+_PERCENT_OPTIONAL = ("agreement_ci_low", "agreement_ci_high", "agreement_rolled",
+                     "robust_agreement")  # fmt: skip
+
+
+def _percentages(df: pd.DataFrame, path: Path) -> None:
+    """Refuse a missing score, or a percentage that is not a number in [0, 100]: a report
+    would average it in (or leave the run out) without a word."""
+    for c in _PERCENT_REQUIRED + tuple(c for c in _PERCENT_OPTIONAL if c in df.columns):
+        values = df[c]
+        missing = values.isna() if c in _PERCENT_REQUIRED else False  # optional: may be empty
+        bad = missing | (values.notna() & ~values.between(0, 100))
+        if bool(bad.any()):
+            rows = [int(i) + 2 for i in df.index[bad][:3]]  # + header, 1-based lines
+            raise ReportInputError(
+                f"{path.name} ({path}): column {c!r} must hold percentages in [0, 100] in "
+                f"every row; line(s) {rows} hold {values[bad].tolist()[:3]}. Rerun the "
+                "experiment to rewrite the table, or remove those rows on purpose."
+            )
 
 
 def load_pairs(path: str | os.PathLike[str]) -> pd.DataFrame:

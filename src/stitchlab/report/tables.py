@@ -123,10 +123,12 @@ def layer_averages(results: pd.DataFrame, value: str = "agreement") -> pd.DataFr
 
     The curve is first averaged over seeds per stitch point; ``layer_average`` is its mean
     over the stitch points (End/Front excluded). ``seed_std`` is the standard deviation over
-    seeds of the per-seed layer averages (NaN for one seed); ``n_seeds``, ``n_points`` count.
+    seeds of the per-seed layer averages (NaN for one seed); ``n_seeds``, ``n_points`` count;
+    ``min_seeds`` is the fewest seeds at any point (below ``n_seeds`` when some runs are
+    missing: the seeds' layer averages then cover different points).
     """
     keys = ["experiment", "pair", *variant_keys(results), "objective", "protocol"]
-    columns = [*keys, "layer_average", "seed_std", "n_seeds", "n_points"]
+    columns = [*keys, "layer_average", "seed_std", "n_seeds", "min_seeds", "n_points"]
     if value not in results.columns or results[value].notna().sum() == 0:
         return pd.DataFrame(columns=columns)
     stats = curve_stats(results, value, keys)
@@ -144,6 +146,12 @@ def layer_averages(results: pd.DataFrame, value: str = "agreement") -> pd.DataFr
         .reset_index()
     )
     table = table.merge(seeds, on=keys, how="left")
+    fewest = (
+        per_seed.groupby([*keys, "point_index"], sort=False, dropna=False)["seed"].nunique()
+        .groupby(keys, sort=False, dropna=False).min().rename("min_seeds").reset_index()
+    )  # fmt: skip
+    table = table.merge(fewest, on=keys, how="left")
+    table["min_seeds"] = table["min_seeds"].astype(int)
     table["n_seeds"] = table["n_seeds"].astype(int)
     table["n_points"] = table["n_points"].astype(int)
     return _sort(table[columns], results, keys)
