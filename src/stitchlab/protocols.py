@@ -64,7 +64,9 @@ class InvarianceAware(Protocol):
 
     Args:
         iris: the IRIs to use (an :class:`~stitchlab.iris.IRISet`, an ``IRIResult``, a
-            tensor aligned with the data, or data); None generates them.
+            tensor aligned with the data, or data); None generates them. A stored set must
+            have been made at this point, from this front and from these images (their
+            labels, in order); a tensor must hold float images in the recipe's box.
         branches: ``"both"`` (the protocol), or the sanity variants of PROTOCOL section
             6 E: ``"front"`` (IRIs into the front only, targets on real images) and
             ``"back"`` (real images into the front, targets on IRIs).
