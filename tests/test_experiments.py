@@ -496,11 +496,19 @@ def test_config_refuses_a_wrong_class_count_nan_thresholds_and_string_booleans()
         ("iris", {"min_null_ratio": float("inf")}, r"\[iris\] min_null_ratio"),
         ("stitch", {"cka": "false"}, r"\[stitch\] cka must be true or false"),
         ("stitch", {"n_stitch": 5000}, r"n_stitch is 5000, more than the 240 training"),
+        ("stitch", {"points": ["blocks.1", "blocks.1"]}, r"names 'blocks.1' twice"),
+        ("stitch", {"seeds": [0, 0]}, r"\[stitch\] seeds names 0 twice"),
+        ("stitch", {"points": "blocks.1"}, r"a single point is \[\"name\"\]"),
+        ("pairs", {"cross-seed": {"front": ["other", "other"], "back": "back"}}, r"twice"),
     ):
         config = copy.deepcopy(TINY)
         config[where].update(edit)
         with pytest.raises(ConfigError, match=match):
             load_config(config)
+    config = copy.deepcopy(TINY)
+    config["models"] = 5
+    with pytest.raises(ConfigError, match=r"\[models\] must be a table, got 5"):
+        load_config(config)
     config = copy.deepcopy(TINY)
     config["data"].update({"num_classes": 4, "options": {"num_classes": 4}})
     load_config(config)  # generated data of 4 classes

@@ -200,6 +200,9 @@ def _validate(raw: dict[str, Any]) -> Experiment:
     for required in ("name", "data", "models", "pairs"):
         if required not in raw:
             raise ConfigError(f"the config needs a {required!r} entry")
+    for table in ("data", "models", "pairs", "stitch", "iris", "run"):
+        if table in raw and not isinstance(raw[table], dict):
+            raise ConfigError(f"[{table}] must be a table, got {raw[table]!r}")
     data = {"seed": 0, "options": {}, "num_classes": 10, "root": ""}
     data.update(raw["data"])
     _check_keys(data, _DATA, "[data]")
@@ -279,9 +282,11 @@ def _validate(raw: dict[str, Any]) -> Experiment:
         where = f"[pairs.{name}]"
         _check_keys(spec, _PAIR, where)
         fronts = spec.get("front")
-        fronts = [fronts] if isinstance(fronts, str) else list(fronts or [])
-        if not fronts:
-            raise ConfigError(f"{where} needs a front model")
+        if not (isinstance(fronts, str) or isinstance(fronts, list) and fronts):
+            raise ConfigError(f"{where} front must be a model name or a list of them, got "
+                              f"{fronts!r}")  # fmt: skip
+        fronts = [fronts] if isinstance(fronts, str) else list(fronts)
+        _no_repeats(fronts, f"{where} front")
         for m in [*fronts, spec.get("back")]:
             if m not in models:
                 raise ConfigError(f"{where} refers to model {m!r}, which [models] does not define")
@@ -314,6 +319,13 @@ def _validate(raw: dict[str, Any]) -> Experiment:
     for key in ("objectives", "protocols"):
         if not isinstance(stitch[key], list) or not stitch[key]:
             raise ConfigError(f"[stitch] {key} must be a non-empty list, got {stitch[key]!r}")
+    for key in ("seeds", "objectives", "protocols"):
+        _no_repeats(stitch[key], f"[stitch] {key}")
+    if stitch["points"] != "all" and not isinstance(stitch["points"], list):
+        raise ConfigError(f"[stitch] points must be \"all\" or a list of point names, got "
+                          f"{stitch['points']!r} (a single point is [\"name\"])")  # fmt: skip
+    if isinstance(stitch["points"], list):
+        _no_repeats(stitch["points"], "[stitch] points")
     for o in stitch["objectives"]:
         _one_of(o, OBJECTIVES, "[stitch] objectives entry")
     for p in stitch["protocols"]:
@@ -375,6 +387,13 @@ def _validate(raw: dict[str, Any]) -> Experiment:
     )
     exp.points = _check_points(exp)
     return exp
+
+
+def _no_repeats(values: list, where: str) -> None:
+    """Refuse a list that names an entry twice (each would write its rows twice)."""
+    seen = [v for i, v in enumerate(values) if v in values[:i]]
+    if seen:
+        raise ConfigError(f"{where} names {seen[0]!r} twice; list each entry once")
 
 
 def _int(value: Any, where: str) -> int:
