@@ -139,6 +139,9 @@ def test_settings_refuse_non_finite_values(pair):
                 {"ridge": math.inf}, {"gamma": math.nan}):  # fmt: skip
         with pytest.raises(ValueError, match="finite"):
             sl.TrainingConfig.from_kwargs(**bad)
+    for bad in ((2.0, -1.0), (math.nan,)):  # were accepted
+        with pytest.raises(ValueError, match=r"milestones are fractions .* in \(0, 1\)"):
+            sl.TrainingConfig.from_kwargs(milestones=bad)
     with pytest.raises(ValueError, match="finite and positive"):
         sl.SLM(temperature=math.nan)
     with pytest.raises(ValueError, match="FuLA weights must be finite"):

@@ -62,6 +62,11 @@ class TrainingConfig:
             )
         if not (math.isfinite(self.gamma) and self.gamma > 0):
             raise ValueError(f"gamma must be finite and > 0, got {self.gamma}")
+        if any(not 0 < m < 1 for m in self.milestones):  # (NaN fails "0 < m" too)
+            raise ValueError(
+                f"milestones are fractions of the training steps in (0, 1), got "
+                f"{tuple(self.milestones)}"
+            )
         if self.epochs < 0:
             raise ValueError(f"epochs must be >= 0, got {self.epochs}")
         if self.batch_size is not None and self.batch_size < 1:
