@@ -83,8 +83,6 @@ def as_dataset(data: DataLike, what: str = "data") -> tuple[Dataset, int | None]
                 f"{what}: expected (images (N, ...), labels (N,)), got shapes "
                 f"{tuple(images.shape)} and {tuple(labels.shape)}."
             )
-        if len(images) == 0:
-            raise ValueError(f"{what}: the dataset is empty.")
         check_images(images, what)
         check_labels(labels, what)
         data = TensorDataset(images, labels.long())
@@ -227,7 +225,6 @@ def triples(
 ) -> Iterator[tuple[Tensor, Tensor, Tensor]]:
     """Ordered ``(front images, labels, target images)`` batches; the target images are
     the front images unless the data set pairs them (:class:`PairedImages`)."""
-    check_training_items(dataset)
     for item in loader(dataset, batch_size, num_workers=num_workers):
         yield _triple(item, device)
 

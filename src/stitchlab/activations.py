@@ -16,7 +16,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.data import Dataset
 
-from ._data import is_deterministic, triples
+from ._data import check_training_items, is_deterministic, triples
 from .splitting import TracedModel
 
 __all__ = ["BackTargets", "ActivationCache", "StitchingSet"]
@@ -107,6 +107,7 @@ class StitchingSet:
         *,
         real: Dataset | None = None,
     ) -> None:
+        check_training_items(dataset)  # a third item element would be read as targets
         self.owner = owner  # the Stitcher that made it (activations are its front's)
         self.dataset = dataset
         self.real = dataset if real is None else real  # the real stitching images

@@ -520,7 +520,12 @@ def run_compare(
                         start = _iri_seed(s, spec)
                         key = _key(common | spec | ({"iri_seed": start} if start else {}))
                         runs.append(spec | {"key": key})
-    todo = [r for r in runs if not _run_stored(store / "compare" / f"{r['key']}.json", echo)]
+    entries: dict[str, dict] = {}  # stored runs, read once: checked here, tabled below
+    for r in runs:
+        entry = _stored_run(store / "compare" / f"{r['key']}.json", echo)
+        if entry is not None:
+            entries[r["key"]] = entry
+    todo = [r for r in runs if r["key"] not in entries]
     null_fronts: dict[int, nn.Module] = {}  # built once, for the estimate and the runs
     stored = _stored_iri_sets(s, front, back, stitch_set, store, recipe, todo, null_fronts)
     echo(_plan_text(s, data, front, back, cells, objectives, runs, todo,
@@ -531,7 +536,7 @@ def run_compare(
              null_fronts)  # fmt: skip
     from .store import read_json
 
-    entries = {r["key"]: read_json(store / "compare" / f"{r['key']}.json") for r in runs}
+    entries |= {r["key"]: read_json(store / "compare" / f"{r['key']}.json") for r in todo}
     rows = _aggregate(s, front, back, data, runs, entries)
     _write(out, s, data, front, back, rows, [entries[r["key"]] for r in runs], plan_skipped,
            time.time() - t0, recipe)  # fmt: skip
@@ -540,13 +545,13 @@ def run_compare(
     return pd.DataFrame(rows)
 
 
-def _run_stored(path: Path, echo: Callable[[str], None]) -> bool:
-    """Whether a run is stored and readable; a damaged entry (truncated, edited) is reported
-    and computed again (the run overwrites it)."""
+def _stored_run(path: Path, echo: Callable[[str], None]) -> dict | None:
+    """A stored run's entry, or None when it is not stored or is damaged (truncated,
+    edited, agreements not in [0, 1]: reported, and computed again, which overwrites it)."""
     from .store import DamagedEntry, read_json
 
     if not path.exists():
-        return False
+        return None
     try:
         entry = read_json(path)
         values = _unpack(entry["values"], int(entry["n"]))
@@ -556,10 +561,10 @@ def _run_stored(path: Path, echo: Callable[[str], None]) -> bool:
         why = f"its per-image values cannot be read: {exc}"
     else:
         if values.size and np.isfinite(values).all() and 0 <= values.min() <= values.max() <= 1:
-            return True
+            return entry
         why = "its per-image agreements are not all numbers in [0, 1]"
     echo(f"warning: the stored run {path.name} is damaged ({why}); computing it again.")
-    return False
+    return None
 
 
 def _plan_text(s, data, front, back, cells, objectives, runs, todo, estimate) -> str:

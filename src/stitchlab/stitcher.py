@@ -40,7 +40,6 @@ from ._data import (
     as_dataset,
     batches,
     check_labels,
-    check_training_items,
 )
 from ._memory_format import channels_last
 from .activations import BackTargets, StitchingSet
@@ -448,7 +447,6 @@ class Stitcher:
                 return cache.batches(batch_size, gen)
         else:
             targets = BackTargets(self._traced_back, self.back_point, obj.target_keys)
-            check_training_items(sset.dataset)
             sampler = EpochBatches(len(sset), batch_size, gen)
             dl = torch.utils.data.DataLoader(
                 sset.dataset, batch_sampler=sampler, num_workers=cfg.num_workers
