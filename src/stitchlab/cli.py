@@ -265,8 +265,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
         print(f"{args.config}: valid ({len(exp.pairs)} pairs, {len(exp.models)} models, "
               f"{n_points} pair-points; data and device present)")  # fmt: skip
         return 0
+    if args.gpus_per_job is not None and not (args.ray or args.ray_address):
+        raise ValueError("--gpus-per-job is what each Ray job asks for: add --ray")
     executor = (
-        RayExecutor(args.ray_address, cpus_per_job=exp.run["threads"])
+        RayExecutor(args.ray_address, gpus_per_job=args.gpus_per_job)
         if args.ray or args.ray_address
         else LocalExecutor()
     )
@@ -487,6 +489,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--check", action="store_true", help="only validate the config")
     run.add_argument("--ray", action="store_true", help="run the jobs on a local Ray cluster")
     run.add_argument("--ray-address", default=None, help="address of a running Ray cluster")
+    run.add_argument("--gpus-per-job", type=float, default=None,
+                     help="GPUs each Ray job asks for on a CUDA device (default 1, or [run] "
+                     "gpus_per_job; a fraction such as 0.5 shares a GPU)")  # fmt: skip
     run.add_argument("--no-report", action="store_true")
     run.add_argument("--no-progress", action="store_true")
     run.set_defaults(func=_cmd_run)

@@ -98,7 +98,7 @@ _STITCH = {
     "points", "objectives", "protocols", "n_stitch", "n_init", "training", "seeds",
     "iris_branches", "excess", "eval_batch_size", "cka", "attack",
 }  # fmt: skip
-_RUN = {"threads", "device"}
+_RUN = {"threads", "device", "gpus_per_job"}
 
 
 class ConfigError(ValueError):
@@ -168,7 +168,7 @@ class Experiment:
 
     @property
     def run(self) -> dict[str, Any]:
-        """Execution settings (threads per job, device)."""
+        """Execution settings (threads per job, device, GPUs per job on Ray)."""
         return self.raw["run"]
 
 
@@ -377,6 +377,16 @@ def _validate(raw: dict[str, Any]) -> Experiment:
     _check_keys(run, _RUN, "[run]")
     _positive_int(run["threads"], "[run] threads")
     _check_device(run["device"])
+    if "gpus_per_job" in run:  # what a job asks Ray for (executors.gpus_for)
+        from .executors import gpus_for
+
+        value = run["gpus_per_job"]
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"[run] gpus_per_job must be a number, got {value!r}")
+        try:
+            gpus_for(run["device"], value)
+        except ValueError as exc:
+            raise ConfigError(f"[run] {exc}") from None
     raw["run"] = run
 
     exp = Experiment(

@@ -34,6 +34,7 @@ from .datasets import (
     stitch_data,
     test_data,
 )
+from .executors import assigned_device
 
 if TYPE_CHECKING:
     from ..iris import IRIRecipe
@@ -178,6 +179,11 @@ def threads(n: int) -> Iterator[None]:
         torch.set_num_threads(before)
 
 
+def _device(exp_raw: dict[str, Any]) -> str:
+    """The device this job runs on: the run's, or the GPU Ray assigned this task."""
+    return assigned_device(exp_raw["run"]["device"])
+
+
 def model_key(exp_raw: dict[str, Any], name: str) -> str:
     """Store key of a base model: its table and the content of the data it is trained on."""
     model = {k: v for k, v in exp_raw["models"][name].items() if k not in ("tracing", "data")}
@@ -272,7 +278,7 @@ def train_job(job: TrainJob) -> dict[str, Any]:
         with threads(exp_raw["run"]["threads"]), torch.random.fork_rng():
             torch.manual_seed(spec["seed"])
             model = models.create(spec["arch"], num_classes=data["num_classes"], **spec["options"])
-            model = model.to(exp_raw["run"]["device"])
+            model = model.to(_device(exp_raw))
             kwargs = dict(
                 recipe=recipe, test_data=tests, robust="pgd" if spec["robust_eval"] else None,
                 out=out, seed=spec["seed"],
@@ -295,7 +301,7 @@ def load_model(exp_raw: dict[str, Any], store: Path, name: str):
     from ..train import MODEL_FILE
 
     path = model_dir(store, exp_raw, name) / MODEL_FILE
-    device = exp_raw["run"]["device"]
+    device = _device(exp_raw)
     return CACHE.get(f"model:{path}", lambda: models.load(path, device=device).eval())
 
 
@@ -484,7 +490,7 @@ class _Shared:
         self.front = front = load_model(exp_raw, store, run.front)
         self.stitching = stitch_data(exp_raw, run.marker)
         trace = tracing(exp_raw, run.front, run.back)
-        self.stitcher = Stitcher(front, self.back, run.point, device=exp_raw["run"]["device"],
+        self.stitcher = Stitcher(front, self.back, run.point, device=_device(exp_raw),
                                  **trace)  # fmt: skip
         test = test_data(exp_raw)
         self.test = marked(test, run.marker, exp_raw["data"])
@@ -622,7 +628,7 @@ def cka_job(job: CKAJob) -> list[dict[str, Any]]:
         for name, data in (("test", test), ("test_iris", iri_set)):
             fa, ba = [], []
             with torch.no_grad():
-                for x, _ in batches(data, 256, torch.device(exp_raw["run"]["device"])):
+                for x, _ in batches(data, 256, torch.device(_device(exp_raw))):
                     fa.append(f_front(x).flatten(1).cpu())
                     ba.append(f_back(x).flatten(1).cpu())
             rows.append({

@@ -114,6 +114,9 @@ def run_experiment(
     exp = config if isinstance(config, Experiment) else load_config(config)
     preflight(exp)
     executor = executor or LocalExecutor(progress)
+    # Ray: each job asks for the run's threads and, on CUDA, its GPUs; a request no node
+    # can meet stops here, before anything is submitted
+    executor.configure(exp.run)
     if not progress:
         executor.progress = False
     out = Path(out)
