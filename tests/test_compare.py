@@ -134,7 +134,8 @@ def test_with_input_resizes_and_normalises_exactly():
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):
-    return _write_folder(tmp_path_factory.mktemp("imgs"), n_per_class=24)
+    # 67 stitching images: test_convnext's pre_logits (64 channels) needs 65
+    return _write_folder(tmp_path_factory.mktemp("imgs"), n_per_class=28)
 
 
 def test_compare_end_to_end_timm_pair(tmp_path, folder):
@@ -203,6 +204,12 @@ def test_compare_identical_model_scores_100(tmp_path, folder):
     assert len(set(m(x).argmax(1).tolist())) > 1
     # the null ran (a random front; on an easy colour task it can stitch well too)
     assert row["null_seeds"] == 1 and 0 <= row["null_agreement"] <= 100
+    # the ceiling (the back into itself) is the same exact stitch: 100, so the normalised
+    # score of the back against itself is 1 (its interval too)
+    assert row["ceiling_agreement"] == 100 and row["ceiling_ci_low"] == 100
+    assert row["null_agreement"] < 100 and not row["budget_limited"]
+    assert row["normalised"] == 1
+    assert row["normalised_ci_low"] == row["normalised_ci_high"] == 1
 
 
 def test_compare_iri_seeds_give_each_stitch_seed_its_own_iris(tmp_path, folder):
@@ -231,16 +238,20 @@ def test_compare_iri_seeds_give_each_stitch_seed_its_own_iris(tmp_path, folder):
     _, shared = runs(False, "shared")
     assert "every step of 2 sets" in estimates["shared"] and "stored" not in estimates["shared"]
     stored = set((store / "compare").iterdir())
-    assert len(stored) == 2 * 3  # 2 protocols x (2 seeds + 1 null)
+    assert len(stored) == 2 * 5  # 2 protocols x (2 seeds + 1 null + 2 ceiling seeds)
     assert len(list((store / "iris").iterdir())) == 2  # the front's and the null's
     real = shared[~shared.null]
     assert real["iri_median_error"].nunique() == 1
     _, own = runs(True, "own")
     new = set((store / "compare").iterdir()) - stored
-    assert len(new) == 1  # only seed 1's IRI run
-    assert json.loads(next(iter(new)).read_text())["run"] | {} == {
+    assert len(new) == 2  # only seed 1's IRI run and its ceiling
+    assert sorted(json.dumps(json.loads(x.read_text())["run"], sort_keys=True)
+                  for x in new) == sorted(json.dumps(spec | {"n_init": 64}, sort_keys=True)
+                                          for spec in ({
         "front_point": "blocks.1", "back_point": "blocks.1", "protocol": "iris",
-        "objective": "slm", "null": False, "seed": 1}  # fmt: skip
+        "objective": "slm", "null": False, "seed": 1}, {
+        "front_point": "blocks.1", "back_point": "blocks.1", "protocol": "iris",
+        "objective": "slm", "null": False, "ceiling": True, "seed": 1}))  # fmt: skip
     assert len(list((store / "iris").iterdir())) == 3  # + the front's start 1
     mine = own[~own.null]
     by_seed = dict(zip(mine["seed"], mine["iri_median_error"]))
@@ -273,7 +284,7 @@ def test_compare_torchvision_vs_timm_different_inputs(tmp_path, folder):
     s = CompareSettings.quick(front="torchvision:resnet18", back="timm:test_convnext",
                               front_weights=str(tmp_path / "tv.pth"), back_weights=str(wb),
                               data=str(folder), front_size=32, back_size=48, n_points=1,
-                              protocols=("standard",))  # fmt: skip
+                              protocols=("standard",), auto_init=False)  # fmt: skip
     lines = []
     df = run_compare(s, tmp_path / "o", progress=False, echo=lines.append)
     text = "\n".join(lines)
@@ -406,3 +417,147 @@ def test_compare_greyscale_models_see_grey_images(tmp_path, folder):
     df = run_compare(s, tmp_path / "o", progress=False, echo=said.append)
     assert df.iloc[0]["agreement"] == 100
     assert any("RGB to grey (luma)" in line for line in said)
+
+
+# --- ceiling, budget-limited rows, under-determined least squares ----------------------
+
+
+def test_images_needed_hand_computed():
+    """Rows per image x images must reach the unknowns per output (input channels + 1)."""
+    from stitchlab.fit import images_needed, least_squares_sizes
+    from stitchlab.layers import ActivationSpec
+
+    conv = ActivationSpec("conv", (16, 2, 2))  # 4 positions, 17 unknowns: ceil(17/4) = 5
+    assert least_squares_sizes(conv, conv) == [(4, 17)]
+    assert images_needed(conv, conv) == 5
+    vec = ActivationSpec("vector", (32,))  # one row per image: 33
+    assert images_needed(conv, vec) == 17 and images_needed(vec, vec) == 33
+    wide = ActivationSpec("conv", (32, 8, 8))  # the back's 64 positions: ceil(17/64) = 1
+    assert images_needed(conv, wide) == 1
+
+
+def test_ridge_used_exactly_when_samples_below_dims_plus_one():
+    """small_cnn width 8 on 8x8 images: blocks.3 is 32 channels at 1x1, so the least
+    squares has 33 unknowns per output and one row per image; blocks.2 has 2x2 = 4
+    positions and 33 unknowns: 9 images."""
+    from stitchlab import Stitcher, models
+    from stitchlab.fit import UNDERDETERMINED_RIDGE
+
+    torch.manual_seed(0)
+    m = models.create("small_cnn", num_classes=3, width=8).eval()
+    x = torch.rand(40, 3, 8, 8, generator=torch.Generator().manual_seed(1))
+    data = torch.utils.data.TensorDataset(x, torch.zeros(40, dtype=torch.long))
+    st = Stitcher(m, m, "blocks.3")
+    for n, under in ((32, True), (33, False), (40, False)):
+        init = st.initialise(data, samples=n)
+        assert (init.samples, init.images_needed, init.underdetermined) == (n, 33, under)
+        assert init.ridge == (UNDERDETERMINED_RIDGE if under else 0.0)
+    assert st.initialise(data, samples=4, ridge=0.5).ridge == 0.5  # a given ridge stays
+    st2 = Stitcher(m, m, "blocks.2")
+    assert [st2.initialise(data, samples=n).underdetermined for n in (8, 9)] == [True, False]
+    assert st2.initialise(data, samples=9).images_needed == 9
+
+
+def test_normalised_score_known_values():
+    from stitchlab.compare import normalised_score
+
+    z, v, c = np.full((2, 50), 0.3), np.full((3, 50), 0.7), np.full((1, 50), 0.9)
+    out = normalised_score(v, z, c, reps=100)
+    assert out["normalised"] == pytest.approx(2 / 3)
+    assert out["normalised_ci_low"] == pytest.approx(2 / 3)
+    assert out["normalised_ci_high"] == pytest.approx(2 / 3)
+    g = np.random.default_rng(0)
+    v = (g.random((2, 400)) < 0.6).astype(float)
+    out = normalised_score(v, np.full((1, 400), 0.2), np.full((1, 400), 0.8), reps=300)
+    assert out["normalised"] == pytest.approx((100 * v.mean() - 20) / 60)
+    assert out["normalised_ci_low"] < out["normalised"] < out["normalised_ci_high"]
+    flat = normalised_score(v, np.full((1, 400), 0.8), np.full((1, 400), 0.8))
+    assert math.isnan(flat["normalised"])  # no room between the floor and the ceiling
+
+
+@pytest.fixture(scope="module")
+def tiny_folder(tmp_path_factory):  # 36 stitching and 9 test images, 8x8
+    return _write_folder(tmp_path_factory.mktemp("tiny"), n_per_class=15, size=8)
+
+
+@pytest.fixture(scope="module")
+def tinier_folder(tmp_path_factory):  # 24 stitching and 6 test images, 8x8
+    return _write_folder(tmp_path_factory.mktemp("tinier"), n_per_class=10, size=8)
+
+
+@pytest.fixture(scope="module")
+def trained_small_cnn(tmp_path_factory, tiny_folder):
+    """small_cnn width 8 trained a little on the 8x8 colour task (confident predictions)."""
+    from stitchlab import models
+    from stitchlab.data.user import load_user_data
+
+    torch.manual_seed(0)
+    m = models.create("small_cnn", num_classes=3, width=8)
+    data = load_user_data(tiny_folder)
+    x = torch.stack([data.stitch[i][0] for i in range(len(data.stitch))])
+    y = torch.tensor([data.stitch[i][1] for i in range(len(data.stitch))])
+    opt = torch.optim.Adam(m.parameters(), 0.01)
+    for _ in range(40):
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(m(x), y).backward()
+        opt.step()
+    return models.save(m.eval(), tmp_path_factory.mktemp("m") / "m.safetensors")
+
+
+def test_budget_limited_row_at_a_wide_point_is_flagged(tmp_path, tiny_folder, trained_small_cnn):
+    """One least-squares image at blocks.3 (33 unknowns, one row per image), no training:
+    the back into itself cannot reach the identity, so the row is flagged everywhere."""
+    path = str(trained_small_cnn)
+    s = CompareSettings.quick(front=path, back=path, data=str(tiny_folder), points=("blocks.3",),
+                              protocols=("standard",), epochs=0, n_init=1, auto_init=False)
+    lines = []
+    df = run_compare(s, tmp_path / "o", progress=False, echo=lines.append)
+    plan = "\n".join(lines)
+    assert "blocks.3 -> blocks.3: 1 images, needs 33" in plan
+    assert "blocks.3 -> blocks.3 (ceiling): 1 images, needs 33" in plan
+    row = df.iloc[0]
+    assert row["ceiling_agreement"] < 90 and row["budget_limited"]
+    assert row["init_underdetermined"] and row["ceiling_init_underdetermined"]
+    assert row["agreement"] == row["ceiling_agreement"]  # front == back: the same stitch
+    assert "--n-init 33" in row["budget_note"]
+    from stitchlab.compare import console_table
+
+    text = console_table(df)
+    assert "BUDGET-LIMITED" in text and "--n-init 33" in text
+    csv = pd.read_csv(tmp_path / "o" / "results.csv")
+    assert bool(csv["budget_limited"].iloc[0]) and "--n-init 33" in csv["budget_note"].iloc[0]
+    assert "Budget-limited (ceiling below 90)" in (tmp_path / "o" / "report.html").read_text()
+    runs = pd.read_csv(tmp_path / "o" / "runs.csv")
+    assert runs["init_ridge"].tolist() == [1e-3] * 3  # the front, its null, the ceiling
+    # enough images: determined, no ridge, and the identity is reached (no flag)
+    s = CompareSettings.quick(front=path, back=path, data=str(tiny_folder), points=("blocks.3",),
+                              protocols=("standard",), epochs=0, n_init=33, auto_init=False)
+    lines = []
+    row = run_compare(s, tmp_path / "p", progress=False, echo=lines.append).iloc[0]
+    assert "under-determined" not in "\n".join(lines)
+    assert row["ceiling_agreement"] > 99.9 and not row["budget_limited"]
+    assert not row["ceiling_init_underdetermined"]
+
+
+def test_quick_raises_images_or_leaves_a_point_out(tmp_path, tinier_folder,
+                                                   trained_small_cnn):  # fmt: skip
+    """--quick at blocks.3 of 8x8 images (33 unknowns, one row per image: 33 images) on a
+    folder of 24 stitching images leaves the point out and says so; blocks.2 (4 positions:
+    9 images) runs on quick's own counts."""
+    path = str(trained_small_cnn)
+    lines = []
+    s = CompareSettings.quick(front=path, back=path, data=str(tinier_folder),
+                              points=("blocks.2", "blocks.3"), protocols=("standard",),
+                              epochs=0)  # fmt: skip
+    df = run_compare(s, tmp_path / "o", progress=False, echo=lines.append)
+    assert df["front_point"].tolist() == ["blocks.2"]
+    text = "\n".join(lines)
+    assert "left out: blocks.3 -> blocks.3: its least squares needs 33 images" in text
+    assert "the 24 the data has" in text
+    summary = json.loads((tmp_path / "o" / "summary.json").read_text())
+    assert any("blocks.3 -> blocks.3" in x for x in summary["skipped"])
+    assert df.iloc[0]["n_init"] == 64 and not df.iloc[0]["init_underdetermined"]
+    with pytest.raises(ValueError, match="needs more images than a quick run takes"):
+        run_compare(CompareSettings.quick(front=path, back=path, data=str(tinier_folder),
+                                          points=("blocks.3",), protocols=("standard",)),
+                    tmp_path / "q", progress=False, echo=lambda _: None)  # fmt: skip

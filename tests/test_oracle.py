@@ -16,6 +16,7 @@ from stitchlab.oracle import (
     profile_overlap,
     run_oracle,
     spearman,
+    with_ceiling,
 )
 
 
@@ -98,6 +99,9 @@ def test_tiny_oracle_run_writes_its_tables_and_resumes(tmp_path):
     # 9 ordered pairs x 1 point x (2 protocols x 2 objectives + 2 CKA + 2 IRI transfers)
     assert len(rows) == 9 * 8
     assert all(float(r["oracle"]) == 100.0 for r in rows if r["self"] == "True")
+    # a self pair's stitch is its own ceiling: normalised 1 (where above chance)
+    assert all(float(r["normalised"]) == 1.0 for r in rows if r["self"] == "True"
+               and r["method"] == "stitch" and float(r["score"]) > 10)  # fmt: skip
     saved = json.loads((tmp_path / "summary.json").read_text())
     assert set(saved["methods"]) == {"stitch/standard/slm", "stitch/standard/dm",
                                      "stitch/iris/slm", "stitch/iris/dm", "cka/test", "cka/iris",
@@ -141,3 +145,18 @@ def test_the_oracle_config_runs_through_stitchlab_run(tmp_path, capsys):
     bad = tmp_path / "bad.toml"
     bad.write_text("[oracle]\nn_trian = 5\n")
     assert main(["run", str(bad), "--out", str(tmp_path), "--check"]) != 0
+
+
+def test_with_ceiling_hand_computed():
+    """normalised = (score - 100/K) / (self pair's score - 100/K), per back, point,
+    protocol and objective; other methods have no ceiling."""
+    def row(front, back, score, method="stitch", protocol="standard"):
+        return {"front": front, "back": back, "self": front == back, "point": "p",
+                "method": method, "protocol": protocol, "objective": "slm", "score": score}
+
+    rows = with_ceiling([row("b", "b", 90.0), row("a", "b", 50.0), row("a", "a", 10.0),
+                         row("b", "a", 30.0), row("a", "b", 70.0, "cka", "test")])
+    assert [r["self_score"] for r in rows] == [90.0, 90.0, 10.0, 10.0, None]
+    assert rows[0]["normalised"] == 1.0 and rows[1]["normalised"] == pytest.approx(0.5)
+    assert rows[3]["normalised"] != rows[3]["normalised"]  # ceiling at chance: NaN
+    assert rows[4]["normalised"] is None

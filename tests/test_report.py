@@ -420,3 +420,24 @@ def test_scores_out_of_range_or_missing_are_refused_and_missing_runs_named(tmp_p
     assert part[["n_seeds", "min_seeds"]].values.tolist() == [[3, 2]]
     html = make_report(tmp_path, formats=("png",)).read_text()
     assert "2–3 (runs missing)" in html
+
+
+def test_normalised_to_identical_hand_computed():
+    """(layer average - 100/K) / (identical pair's - 100/K), per objective and protocol."""
+    from stitchlab.report.tables import normalised_to_identical
+
+    rows = [_row(pair="identical", agreement=91.0), _row(pair="cross-seed", agreement=50.5),
+            _row(pair="identical", agreement=55.0, protocol="iris"),
+            _row(pair="cross-seed", agreement=32.5, protocol="iris")]
+    table = normalised_to_identical(layer_averages(pd.DataFrame(rows)), {"A": 10})
+    got = {(r.pair, r.protocol): r.layer_average for r in table.itertuples()}
+    assert got[("identical", "standard")] == 1 and got[("identical", "iris")] == 1
+    assert got[("cross-seed", "standard")] == pytest.approx(0.5)  # 40.5 / 81
+    assert got[("cross-seed", "iris")] == pytest.approx(0.5)  # 22.5 / 45
+    assert normalised_to_identical(layer_averages(pd.DataFrame(rows[1:2])), {"A": 10}) is None
+
+
+def test_report_with_an_identical_pair_has_the_normalised_table(tmp_path):
+    synthetic_run(tmp_path, pairs=("identical", "cross-seed"), optional=False)
+    html = make_report(tmp_path, strict=True).read_text(encoding="utf-8")
+    assert "Layer-averaged agreement between floor and ceiling" in html

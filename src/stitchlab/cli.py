@@ -195,16 +195,10 @@ _COMPARE_ARGS = ("front_weights", "back_weights", "front_num_classes", "back_num
 
 
 def _run_compare(settings, out: str, store: str | None, no_progress: bool) -> int:
-    from .compare import run_compare
+    from .compare import console_table, run_compare
 
     df = run_compare(settings, out, store=store, progress=not no_progress)
-    print("agreement with the back (%) [interval]; null: random front; excess over the null")
-    for r in df.itertuples():
-        null = "" if r.null_agreement != r.null_agreement else (
-            f"  null {r.null_agreement:5.1f}  excess {r.excess_over_null:+6.1f} "
-            f"[{r.excess_ci_low:+.1f}, {r.excess_ci_high:+.1f}]")
-        print(f"  {r.front_point:>12} -> {r.back_point:<12} {r.objective:<4} {r.protocol:<8} "
-              f"{r.agreement:5.1f} [{r.agreement_ci_low:5.1f}, {r.agreement_ci_high:5.1f}]{null}")
+    print(console_table(df))
     print(f"report: {Path(out) / 'report.html'}")
     return 0
 

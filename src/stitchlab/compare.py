@@ -16,7 +16,21 @@ Every score comes with
   architecture (the random-sender control of Smith et al. 2025), with the same objective,
   protocol, point and settings (for the IRI protocol, on the random front's own IRIs). The
   excess over the null, with its own paired bootstrap interval, says what the front's
-  training adds to what a stitch layer and the back achieve alone.
+  training adds to what a stitch layer and the back achieve alone;
+* a **ceiling**: the back stitched into *itself* at the back point, with the same
+  objective, protocol, data, budget and seeds. An identity stitch is exactly reachable
+  there, so anything below 100 is what the budget loses. ``normalised`` is (score - null)
+  / (ceiling - null), with an interval from one bootstrap that resamples the test images
+  jointly for the three and the seeds of each independently. A row whose ceiling is
+  below :data:`CEILING_LIMIT` is ``budget_limited``: its score measures the budget as
+  much as the networks.
+
+The least-squares initialisation of a cell is under-determined when its images give
+fewer rows (images x positions) than unknowns per output (input channels + 1); it then
+uses a ridge (:data:`stitchlab.fit.UNDERDETERMINED_RIDGE`), and the plan names such
+cells with the images each needs. ``auto_init`` (on under ``quick``) raises the images of
+each cell to what it needs (at most :data:`QUICK_MAX_IMAGES`) or leaves the cell out and
+says so.
 
 SLM, DM and FuLA never need labels; HLM does and is skipped on unlabelled data (and so is
 accuracy). The IRIs of one front point are generated once (seed 0) and shared by every
@@ -68,6 +82,9 @@ from .metrics import bootstrap_agreement
 from .vocabulary import IRI_TRANSFER_COLUMNS, OBJECTIVES
 
 __all__ = [
+    "CEILING_LIMIT",
+    "QUICK_MAX_IMAGES",
+    "console_table",
     "CompareSettings",
     "run_compare",
     "match_points",
@@ -79,6 +96,12 @@ __all__ = [
 log = logging.getLogger("stitchlab.compare")
 
 _VERSION = 2  # of the stored run format
+
+#: A row whose ceiling (the back stitched into itself) is below this is budget-limited.
+CEILING_LIMIT = 90.0
+#: ``quick`` raises a cell's least-squares images to what it needs up to this many; a
+#: cell that needs more is left out.
+QUICK_MAX_IMAGES = 1000
 
 
 @dataclass(frozen=True)
@@ -97,7 +120,9 @@ class CompareSettings:
     preset's 300 for speech models). ``iri_seeds``: each stitch seed on IRIs of its own
     random start (seed k uses IRI seed k), so that the interval includes IRI-generation
     variability; the real front's IRIs then cost ``seeds`` times as much (null fronts
-    keep start 0).
+    keep start 0). ``auto_init``: each cell's least-squares images (``n_init``, and
+    ``n_stitch`` with them) raised to what the cell and its ceiling need, up to
+    :data:`QUICK_MAX_IMAGES`; a cell that needs more is left out (on under ``quick``).
     """
 
     front: str
@@ -137,14 +162,18 @@ class CompareSettings:
     confidence: float = 0.95
     data_seed: int = 0
     device: str = "cpu"
+    auto_init: bool = False  # each cell's least-squares images raised to what it needs
 
     @classmethod
     def quick(cls, **overrides: Any) -> CompareSettings:
         """A run of well under a minute on small models: 3 points, SLM, one seed and one
-        null, few images and steps (a smoke test of the whole pipeline, not a result)."""
+        null, few images and steps (a smoke test of the whole pipeline, not a result).
+        A cell whose least squares needs more than ``n_init`` images gets them (and the
+        stitching images with them), up to :data:`QUICK_MAX_IMAGES`; beyond, it is left
+        out."""
         base: dict[str, Any] = dict(
             n_points=3, objectives=("slm",), seeds=1, null_seeds=1, n_stitch=128, n_test=128,
-            n_init=64, epochs=2, iri_steps=20, bootstrap=200,
+            n_init=64, epochs=2, iri_steps=20, bootstrap=200, auto_init=True,
         )  # fmt: skip
         return cls(**{**base, **overrides})
 
@@ -464,6 +493,40 @@ def _unpack(s: str, n: int) -> np.ndarray:
     return values
 
 
+def _need(needs: dict, cell: tuple[str, str]) -> int:
+    """The images a cell's least squares needs: for its front (and null fronts) and for
+    its ceiling (the back into itself at the back point)."""
+    return max(needs[cell])
+
+
+def _images_needed(s, front: _Side, back: _Side, cells, data) -> dict[tuple, tuple[int, int]]:
+    """``(front -> back, back -> back)`` images each cell's least squares needs
+    (:func:`stitchlab.fit.images_needed`), from one traced pass of each model on 3 images."""
+    from ._data import as_dataset
+    from .fit import images_needed
+    from .splitting import TracedModel
+
+    dataset = as_dataset(data, "data")[0]
+    x0 = torch.stack([dataset[i % len(dataset)][0] for i in range(3)]).to(s.device)  # type: ignore[arg-type]
+
+    def specs(side: _Side, points: set[str]) -> dict[str, Any]:
+        traced = TracedModel(side.model.to(s.device), leaf_modules=_leaves(front, back))
+        layouts = {f"net.{p}": side.source.layouts[p] for p in points
+                   if p in side.source.layouts}  # fmt: skip
+        with torch.no_grad():
+            found = traced.formats(x0, [f"net.{p}" for p in sorted(points)], layouts=layouts)
+        return {p[len("net."):]: v.require() for p, v in found.items()}
+
+    try:
+        fs = specs(front, {f for f, _ in cells})
+        bs = specs(back, {b for _, b in cells})
+        return {(f, b): (images_needed(fs[f], bs[b]), images_needed(bs[b], bs[b]))
+                for f, b in cells}  # fmt: skip
+    except Exception as exc:  # the runs themselves report any error properly
+        log.warning("cannot tell the images each cell's least squares needs: %s", exc)
+        return {c: (0, 0) for c in cells}
+
+
 def run_compare(
     settings: CompareSettings,
     out: str | Path,
@@ -503,11 +566,35 @@ def run_compare(
         )
     mode = s.points if isinstance(s.points, str) else list(s.points)
     cells = match_points(front.points, back.points, mode, s.n_points)
+    needs = _images_needed(s, front, back, cells, stitch_set)
+    if s.auto_init:
+        left_out = [(c, _need(needs, c)) for c in cells if _need(needs, c) > QUICK_MAX_IMAGES]
+        cells = [c for c in cells if _need(needs, c) <= QUICK_MAX_IMAGES]
+        wanted = max([s.n_stitch] + [_need(needs, c) for c in cells])
+        if wanted > s.n_stitch and len(stitch_set) >= s.n_stitch:
+            # more stitching images for the cells that need them (where the data has them)
+            s = dataclasses.replace(s, n_stitch=wanted)
+            data, front, back = _sides(s, _source(s, "front"), _source(s, "back"))
+            stitch_set, test_set = data.stitch, data.test
+            if not data.labelled:
+                stitch_set, test_set = _Unlabelled(stitch_set), _Unlabelled(test_set)
+        left_out += [(c, _need(needs, c)) for c in cells if _need(needs, c) > len(stitch_set)]
+        cells = [c for c in cells if _need(needs, c) <= len(stitch_set)]
+        for (f, b), need in left_out:
+            plan_skipped.append(
+                f"{f} -> {b}: its least squares needs {need} images (input channels + 1 "
+                f"unknowns per output), more than the {min(QUICK_MAX_IMAGES, len(stitch_set))} "
+                f"{'a quick run takes' if need > QUICK_MAX_IMAGES else 'the data has'}; "
+                f"left out (run without --quick with --n-init {need} --n-stitch {need}).")
+        if not cells:
+            raise ValueError("every cell's least squares needs more images than a quick run "
+                             "takes: " + "; ".join(plan_skipped))  # fmt: skip
+    n_init = {c: max(s.n_init, _need(needs, c)) if s.auto_init else s.n_init for c in cells}
     data_key = {"stitch": fingerprint(data.stitch), "test": fingerprint(data.test)}
     common = {"v": _VERSION, "front": front.fingerprint, "back": back.fingerprint,
               "data": data_key, "n_init": s.n_init, "epochs": s.epochs, "lr": s.lr,
               "batch_size": s.batch_size, "iri_steps": recipe.steps}  # fmt: skip
-    runs = []
+    runs, ceilings = [], {}
     for f, b in cells:
         for protocol in s.protocols:
             for objective in objectives:
@@ -518,8 +605,21 @@ def run_compare(
                         # a run on IRIs of another random start than 0 is another run; all
                         # others keep their keys, whether iri_seeds is on or not
                         start = _iri_seed(s, spec)
-                        key = _key(common | spec | ({"iri_seed": start} if start else {}))
-                        runs.append(spec | {"key": key})
+                        key = _key(common | {"n_init": n_init[(f, b)]} | spec
+                                   | ({"iri_seed": start} if start else {}))
+                        runs.append(spec | {"key": key, "n_init": n_init[(f, b)]})
+                for seed in range(s.seeds):
+                    # the ceiling: the back into itself at b, the same budget (no front in
+                    # its key: every front compared with this back shares it)
+                    spec = {"front_point": b, "back_point": b, "protocol": protocol,
+                            "objective": objective, "null": False, "ceiling": True,
+                            "seed": seed}  # fmt: skip
+                    start = _iri_seed(s, spec)
+                    key = _key({k: v for k, v in common.items() if k != "front"}
+                               | {"n_init": n_init[(f, b)]} | spec
+                               | ({"iri_seed": start} if start else {}))
+                    ceilings[key] = spec | {"key": key, "n_init": n_init[(f, b)]}
+    runs += list(ceilings.values())
     entries: dict[str, dict] = {}  # stored runs, read once: checked here, tabled below
     for r in runs:
         entry = _stored_run(store / "compare" / f"{r['key']}.json", echo)
@@ -530,14 +630,16 @@ def run_compare(
     stored = _stored_iri_sets(s, front, back, stitch_set, store, recipe, todo, null_fronts)
     echo(_plan_text(s, data, front, back, cells, objectives, runs, todo,
                     _estimate(s, front, back, data.item_shape, recipe.steps, todo,
-                              stored)))  # fmt: skip
+                              stored), needs, n_init, len(stitch_set)))  # fmt: skip
+    for line in plan_skipped[1 if plan_skipped and plan_skipped[0].startswith("HLM") else 0:]:
+        echo(f"left out: {line}")
     reference = _back_logits(back.model, test_set, s.device)
     _execute(s, front, back, stitch_set, test_set, reference, todo, store, progress, recipe,
              null_fronts)  # fmt: skip
     from .store import read_json
 
     entries |= {r["key"]: read_json(store / "compare" / f"{r['key']}.json") for r in todo}
-    rows = _aggregate(s, front, back, data, runs, entries)
+    rows = _aggregate(s, front, back, data, runs, entries, needs)
     _write(out, s, data, front, back, rows, [entries[r["key"]] for r in runs], plan_skipped,
            time.time() - t0, recipe)  # fmt: skip
     import pandas as pd
@@ -567,7 +669,9 @@ def _stored_run(path: Path, echo: Callable[[str], None]) -> dict | None:
     return None
 
 
-def _plan_text(s, data, front, back, cells, objectives, runs, todo, estimate) -> str:
+def _plan_text(s, data, front, back, cells, objectives, runs, todo, estimate, needs, n_init,
+               n_stitch: int) -> str:  # fmt: skip
+    n_ceiling = sum(1 for r in runs if r.get("ceiling"))
     lines = [
         f"front: {front.source.describe()}", f"  input: {front.source.input}",
         f"back:  {back.source.describe()}", f"  input: {back.source.input}",
@@ -576,10 +680,25 @@ def _plan_text(s, data, front, back, cells, objectives, runs, todo, estimate) ->
         f"{'labelled' if data.labelled else 'unlabelled'} ({data.split})",
         f"cells: {', '.join(f'{a}->{b}' for a, b in cells)}",
         f"runs:  {len(runs)} = {len(cells)} cells x {len(s.protocols)} protocols x "
-        f"{len(objectives)} objectives x ({s.seeds} seeds + {s.nulls} null fronts); "
-        f"{len(runs) - len(todo)} already stored",
+        f"{len(objectives)} objectives x ({s.seeds} seeds + {s.nulls} null fronts) + "
+        f"{n_ceiling} ceiling runs (the back into itself at each back point, {s.seeds} "
+        f"seeds); {len(runs) - len(todo)} already stored",
         f"estimate: {estimate}",
     ]  # fmt: skip
+    under = []
+    for f, b in cells:
+        have = min(n_init[(f, b)], n_stitch)
+        for what, need in ((f"{f} -> {b}", needs[(f, b)][0]),
+                           (f"{b} -> {b} (ceiling)", needs[(f, b)][1])):  # fmt: skip
+            if have < need:
+                under.append(f"  {what}: {have} images, needs {need}")
+    if under:
+        from .fit import UNDERDETERMINED_RIDGE
+
+        lines += [f"under-determined least squares (fewer rows, images x positions, than "
+                  f"input channels + 1): these use ridge {UNDERDETERMINED_RIDGE:g} and their "
+                  "ceiling will show what the budget loses; for a determined fit give "
+                  "--n-init and --n-stitch of at least the images needed"] + under
     return "\n".join(lines)
 
 
@@ -595,10 +714,13 @@ def _timed(model: nn.Module, x: Tensor) -> float:
     return best / len(x)
 
 
-def _iri_sets_of(s: CompareSettings, todo: list[dict]) -> set[tuple[str, bool, int]]:
-    """The IRI sets the runs of ``todo`` train on: (front point, null, seed), the seed the
-    null front's or, for the real front, the IRIs' random start."""
-    return {(r["front_point"], r["null"], r["seed"] if r["null"] else _iri_seed(s, r))
+def _iri_sets_of(s: CompareSettings, todo: list[dict],
+                 same: bool = False) -> set[tuple[str, bool, int, bool]]:  # fmt: skip
+    """The IRI sets the runs of ``todo`` train on: (front point, null, seed, ceiling), the
+    seed the null front's or, for the real front (or the back of a ceiling), the IRIs'
+    random start. ``same``: front and back are one model, whose IRIs a ceiling shares."""
+    return {(r["front_point"], r["null"], r["seed"] if r["null"] else _iri_seed(s, r),
+             bool(r.get("ceiling")) and not same)
             for r in todo if r["protocol"] == "iris"}  # fmt: skip
 
 
@@ -609,20 +731,21 @@ def _stored_iri_sets(s, front, back, stitch_set, store: Path, recipe, todo,
     from ._data import as_dataset
     from .iris import data_fingerprint, iris_set_stored
 
-    needed = _iri_sets_of(s, todo)
+    needed = _iri_sets_of(s, todo, front.fingerprint == back.fingerprint)
     if not needed:
         return set()
     # the data's fingerprint once, not once per set (as data_key it is the same key part)
     fingerprint = data_fingerprint(as_dataset(stitch_set, "data")[0])
     found = set()
-    for f, null, seed in needed:
-        model = _null_front(front, seed, null_fronts) if null else front.model
+    for f, null, seed, ceiling in needed:
+        model = (back.model if ceiling else _null_front(front, seed, null_fronts) if null
+                 else front.model)  # fmt: skip
         try:
             if iris_set_stored(model, f"net.{f}", stitch_set, store / "iris",
                                seed=0 if null else seed, leaf_modules=_leaves(front, back),
                                device=s.device, data_key=fingerprint,
                                **recipe.as_dict()):  # fmt: skip
-                found.add((f, null, seed))
+                found.add((f, null, seed, ceiling))
         except Exception:  # only an estimate: the run itself reports any error properly
             continue
     return found
@@ -653,11 +776,14 @@ def _estimate(s, front, back, shape, iri_steps, todo, stored: set[tuple]) -> str
     except Exception as exc:  # the real run will report it properly
         return f"not available ({type(exc).__name__})"
     depth = dict(zip(front.points, _depths(front.points)))
-    needed = _iri_sets_of(s, todo)
+    back_depth = dict(zip(back.points, _depths(back.points)))
+    needed = _iri_sets_of(s, todo, front.fingerprint == back.fingerprint)
     fronts = needed - stored
     # an IRI step runs the front's prefix only (about its relative depth of the network)
-    iris = sum(depth[f] for f, _, _ in fronts) * iri_steps * s.n_stitch * tf
-    fits = len(todo) * (s.epochs * s.n_stitch * (tb + tf / 3) + s.n_test * (tf + tb) / 3)
+    iris = sum(back_depth[f] * tb if c else depth[f] * tf
+               for f, _, _, c in fronts) * iri_steps * s.n_stitch  # fmt: skip
+    fits = sum(s.epochs * s.n_stitch * (tb + (tb if r.get("ceiling") else tf) / 3)
+               + s.n_test * (tf + tb) / 3 for r in todo)  # fmt: skip
     total = iris + fits
     cached = f"; {len(needed & stored)} of {len(needed)} sets stored" if needed & stored else ""
     return (f"about {_duration(total)} (IRIs at most {_duration(iris)}, every step "
@@ -713,14 +839,18 @@ def _execute(s, front, back, stitch_set, test_set, reference, todo, store, progr
     groups: dict[tuple, list[dict]] = {}
     for r in todo:
         groups.setdefault((r["front_point"], r["back_point"], r["null"],
-                           r["seed"] if r["null"] else -1), []).append(r)  # fmt: skip
-    for (f, b, null, null_seed), group in groups.items():
-        front_model = _null_front(front, null_seed, null_fronts) if null else front.model
+                           r["seed"] if r["null"] else -1, bool(r.get("ceiling"))),
+                          []).append(r)  # fmt: skip
+    for (f, b, null, null_seed, ceiling), group in groups.items():
+        front_model = (back.model if ceiling else _null_front(front, null_seed, null_fronts)
+                       if null else front.model)  # fmt: skip
         st = Stitcher(front_model, back.model, f"net.{f}", f"net.{b}",
                       leaf_modules=_leaves(front, back),
-                      layouts=_layouts(front, back, f, b), device=s.device)  # fmt: skip
+                      layouts=(_layouts(back, back, f, b)[1] if ceiling
+                               else _layouts(front, back, f, b)),
+                      device=s.device)  # fmt: skip
         sets, transfer = {}, {}
-        for r in sorted(group, key=lambda r: (r["protocol"], r["seed"])):
+        for r in sorted(group, key=lambda r: (r["protocol"], r["seed"], r["n_init"])):
             iri_seed = _iri_seed(s, r)
             which = (r["protocol"], iri_seed)
             if which not in sets:
@@ -732,9 +862,9 @@ def _execute(s, front, back, stitch_set, test_set, reference, todo, store, progr
                 transfer[which] = _transfer(sets[which], front_model, back.model)
             sset = sets[which]
             seed = r["seed"]
-            init = st.initialise(stitch_set, samples=s.n_init, seed=seed)
+            init = st.initialise(stitch_set, samples=r["n_init"], seed=seed)
             cfg = TrainingConfig(epochs=s.epochs, lr=s.lr, batch_size=s.batch_size,
-                                 init_samples=s.n_init, seed=seed, device=s.device)  # fmt: skip
+                                 init_samples=r["n_init"], seed=seed, device=s.device)  # fmt: skip
             t = time.time()
             model = st.fit(r["objective"], sset, init=init, settings=cfg)
             with torch.no_grad():
@@ -751,6 +881,8 @@ def _execute(s, front, back, stitch_set, test_set, reference, todo, store, progr
                 "iri_flagged": None if q is None else bool(q.flagged),
                 **transfer[which],
                 "init_residual": model.record.init_residual,
+                "init_samples": init.samples, "init_images_needed": init.images_needed,
+                "init_underdetermined": init.underdetermined, "init_ridge": init.ridge,
                 "seconds": round(time.time() - t, 2),
             })  # fmt: skip
             if bar is not None:
@@ -780,46 +912,172 @@ def _layouts(front: _Side, back: _Side, f: str, b: str) -> tuple[dict | None, di
     return one(front, f), one(back, b)
 
 
-def _aggregate(s, front, back, data, runs, entries) -> list[dict[str, Any]]:
+def normalised_score(
+    values: np.ndarray,
+    null_values: np.ndarray,
+    ceiling_values: np.ndarray,
+    *,
+    reps: int = 1000,
+    confidence: float = 0.95,
+    seed: int = 0,
+) -> dict[str, float]:
+    """``(score - null) / (ceiling - null)`` of three sets of per-image agreements (seeds x
+    the same test images, each in [0, 1]) with a percentile bootstrap interval: one image
+    resample shared by the three (paired), the seeds of each drawn independently, the
+    ratio of the replicates' means. NaN where the ceiling does not exceed the null (and
+    NaN bounds where a replicate's ceiling does not)."""
+    from .metrics import _agreement_values, _resampled_means
+
+    sets = [_agreement_values(v, what) for v, what in ((values, "values"),
+            (null_values, "null_values"), (ceiling_values, "ceiling_values"))]  # fmt: skip
+    n = sets[0].shape[1]
+    if any(v.shape[1] != n for v in sets):
+        raise ValueError("values, null_values and ceiling_values must score the same images")
+    rng = np.random.default_rng(seed)
+    img = rng.integers(0, n, size=(reps, n), dtype=np.int32)
+
+    def replicates(h: np.ndarray) -> np.ndarray:
+        per_seed = np.stack([_resampled_means(row, img) for row in h])  # (seeds, reps)
+        pick = rng.integers(0, len(h), size=(reps, len(h)))
+        return per_seed[pick, np.arange(reps)[:, None]].mean(axis=1)
+
+    score, null, ceiling = (float(v.mean()) for v in sets)
+    nan = float("nan")
+    if not ceiling > null:
+        return {"normalised": nan, "normalised_ci_low": nan, "normalised_ci_high": nan}
+    a, z, c = (replicates(v) for v in sets)
+    out = {"normalised": (score - null) / (ceiling - null)}
+    if (c - z > 0).all():
+        ratio = (a - z) / (c - z)
+        alpha = (1 - confidence) / 2
+        return out | {"normalised_ci_low": float(np.quantile(ratio, alpha)),
+                      "normalised_ci_high": float(np.quantile(ratio, 1 - alpha))}  # fmt: skip
+    return out | {"normalised_ci_low": nan, "normalised_ci_high": nan}
+
+
+def _budget_note(s, b: str, ceiling: float, real: list[dict], top: list[dict]) -> str:
+    """Why a row is budget-limited, and the data its cell needs ('' when it is not)."""
+    if not ceiling < CEILING_LIMIT:
+        return ""
+
+    def init(entries: list[dict]) -> tuple[int, int, bool]:
+        return (min(e.get("init_samples", 0) for e in entries),
+                max(e.get("init_images_needed", 0) for e in entries),
+                any(e.get("init_underdetermined") for e in entries))  # fmt: skip
+
+    samples, need, under = init(top)
+    note = f"ceiling {ceiling:.1f} < {CEILING_LIMIT:g}: "
+    if under:
+        note += (f"the least squares of {b} -> {b} had {samples} images for the {need} it "
+                 f"needs (a ridge solution); give --n-init {need} --n-stitch {need} or more")
+    else:
+        note += (f"the least squares had its {need} images, so the training budget ("
+                 f"{s.epochs} epochs on {s.n_stitch} images) does not reach the identity; "
+                 "give more --epochs or --n-stitch")
+    fs, fneed, funder = init(real)
+    if funder:
+        note += f"; the front's least squares too had {fs} images for {fneed}"
+    return note
+
+
+def _aggregate(s, front, back, data, runs, entries, needs) -> list[dict[str, Any]]:
 
     fd = dict(zip(front.points, _depths(front.points)))
     bd = dict(zip(back.points, _depths(back.points)))
     cells: dict[tuple, dict[str, list]] = {}
+    tops: dict[tuple, list[dict]] = {}
     for r in runs:
+        if r.get("ceiling"):
+            tops.setdefault((r["back_point"], r["objective"], r["protocol"], r["n_init"]),
+                            []).append(entries[r["key"]])  # fmt: skip
+            continue
         cell = cells.setdefault((r["front_point"], r["back_point"], r["objective"],
-                                 r["protocol"]), {"real": [], "null": []})  # fmt: skip
+                                 r["protocol"]),
+                                {"real": [], "null": [], "n_init": r["n_init"]})  # fmt: skip
         cell["null" if r["null"] else "real"].append(entries[r["key"]])
     rows = []
+    nan = float("nan")
     for (f, b, objective, protocol), cell in cells.items():
         real, null = cell["real"], cell["null"]
+        top = tops[(b, objective, protocol, cell["n_init"])]
         values = np.stack([_unpack(e["values"], e["n"]) for e in real])
         null_values = np.stack([_unpack(e["values"], e["n"]) for e in null]) if null else None
+        top_values = np.stack([_unpack(e["values"], e["n"]) for e in top])
         stats = bootstrap_agreement(values, null_values, reps=s.bootstrap,
                                     confidence=s.confidence, seed=s.data_seed)  # fmt: skip
         if null_values is None:
-            stats |= {k: float("nan") for k in ("null_agreement", "null_ci_low", "null_ci_high",
-                                                 "excess_over_null", "excess_ci_low",
-                                                 "excess_ci_high")}  # fmt: skip
+            stats |= {k: nan for k in ("null_agreement", "null_ci_low", "null_ci_high",
+                                       "excess_over_null", "excess_ci_low",
+                                       "excess_ci_high")}  # fmt: skip
+        ceiling = bootstrap_agreement(top_values, reps=s.bootstrap, confidence=s.confidence,
+                                      seed=s.data_seed)  # fmt: skip
+        stats |= {"ceiling_agreement": ceiling["agreement"],
+                  "ceiling_ci_low": ceiling["agreement_ci_low"],
+                  "ceiling_ci_high": ceiling["agreement_ci_high"]}  # fmt: skip
+        if null_values is None:
+            stats |= {"normalised": nan, "normalised_ci_low": nan, "normalised_ci_high": nan}
+        else:
+            stats |= normalised_score(values, null_values, top_values, reps=s.bootstrap,
+                                      confidence=s.confidence, seed=s.data_seed)  # fmt: skip
 
         def mean_of(key, entries=real):
             vals = [e[key] for e in entries if e.get(key) is not None]
-            return float(np.mean(vals)) if vals else float("nan")
+            return float(np.mean(vals)) if vals else nan
 
+        note = _budget_note(s, b, ceiling["agreement"], real, top)
         rows.append({
             "front_point": f, "back_point": b, "front_depth": round(fd[f], 4),
             "back_depth": round(bd[b], 4), "objective": objective, "protocol": protocol,
-            **stats, "seeds": len(real), "null_seeds": len(null), "n_test": int(values.shape[1]),
+            **stats, "budget_limited": bool(note), "budget_note": note,
+            "seeds": len(real), "null_seeds": len(null), "ceiling_seeds": len(top),
+            "n_test": int(values.shape[1]), "n_init": cell["n_init"],
+            "init_images_needed": needs[(f, b)][0],
+            "ceiling_init_images_needed": needs[(f, b)][1],
+            "init_underdetermined": any(bool(e.get("init_underdetermined")) for e in real),
+            "ceiling_init_underdetermined": any(bool(e.get("init_underdetermined"))
+                                                for e in top),
             "hard_agreement": mean_of("hard_agreement"),
-            "accuracy": mean_of("accuracy") if data.labelled else float("nan"),
+            "accuracy": mean_of("accuracy") if data.labelled else nan,
             "iri_median_error": mean_of("iri_median_error"),
             "iri_null_ratio": mean_of("iri_null_ratio"),
             "iri_flagged": any(bool(e.get("iri_flagged")) for e in real),
             **{key: mean_of(key) for key in IRI_TRANSFER_COLUMNS},
             "null_iri_back_agreement": mean_of("iri_back_agreement", null),
             "null_iri_median_error": mean_of("iri_median_error", null),
-            "seconds": round(sum(e["seconds"] for e in real + null), 1),
+            "seconds": round(sum(e["seconds"] for e in real + null + top), 1),
         })  # fmt: skip
     return rows
+
+
+def console_table(results) -> str:
+    """The console's table of a comparison's results (one line per row: score, null,
+    ceiling, normalised score, excess) and which rows are budget-limited, and why."""
+    lines = ["agreement with the back (%) [interval]; null: random front; ceiling: the back "
+             "into itself; norm: (score - null) / (ceiling - null)"]  # fmt: skip
+
+    def interval(v, lo, hi, spec) -> str:
+        return "—" if v != v else f"{v:{spec}} [{lo:{spec}}, {hi:{spec}}]"
+
+    for r in results.itertuples():
+        mark = "  BUDGET-LIMITED" if r.budget_limited else ""
+        null = "" if r.null_agreement != r.null_agreement else (
+            f"  null {r.null_agreement:5.1f}")
+        lines.append(
+            f"  {r.front_point:>12} -> {r.back_point:<12} {r.objective:<4} {r.protocol:<8} "
+            f"{interval(r.agreement, r.agreement_ci_low, r.agreement_ci_high, '5.1f')}"
+            f"{null}  ceiling {r.ceiling_agreement:5.1f}  norm "
+            f"{interval(r.normalised, r.normalised_ci_low, r.normalised_ci_high, '.2f')}"
+            + ("" if r.null_agreement != r.null_agreement else
+               f"  excess {r.excess_over_null:+6.1f} [{r.excess_ci_low:+.1f}, "
+               f"{r.excess_ci_high:+.1f}]") + mark)  # fmt: skip
+    limited = results[results["budget_limited"]]
+    if len(limited):
+        lines.append(f"budget-limited (the back stitched into itself scores below "
+                     f"{CEILING_LIMIT:g} at this budget: these scores measure the budget as "
+                     "much as the networks):")  # fmt: skip
+        lines += [f"  {r.front_point} -> {r.back_point} {r.objective} {r.protocol}: "
+                  f"{r.budget_note}" for r in limited.itertuples()]  # fmt: skip
+    return "\n".join(lines)
 
 
 def _write(out, s, data, front, back, rows, per_run, skipped, seconds, recipe) -> None:
@@ -832,6 +1090,8 @@ def _write(out, s, data, front, back, rows, per_run, skipped, seconds, recipe) -
     df.to_parquet(out / "results.parquet", index=False)
     run_rows = [e["run"] | {k: e[k] for k in ("accuracy", "iri_median_error", "iri_flagged",
                                                "init_residual", "seconds")}
+                | {k: e.get(k) for k in ("init_samples", "init_images_needed",
+                                         "init_underdetermined", "init_ridge")}
                 | {"agreement": 100 * float(_unpack(e["values"], e["n"]).mean()),
                    "hard_agreement": e["hard_agreement"]}
                 for e in per_run]  # fmt: skip

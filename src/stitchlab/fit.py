@@ -23,7 +23,21 @@ from ._data import check_options
 if TYPE_CHECKING:
     from .objectives import Objective
 
-__all__ = ["TrainingConfig", "check_attack", "train_layer", "EpochBatches", "StitchDivergedError"]
+__all__ = [
+    "TrainingConfig",
+    "check_attack",
+    "train_layer",
+    "EpochBatches",
+    "StitchDivergedError",
+    "UNDERDETERMINED_RIDGE",
+    "least_squares_sizes",
+    "images_needed",
+]
+
+#: The ridge of an under-determined least-squares initialisation (fewer rows than unknowns
+#: per output): relative to the mean feature energy (:meth:`stitchlab.layers.LeastSquares.
+#: solve`), so it damps only directions with less than 0.1% of a mean feature's energy.
+UNDERDETERMINED_RIDGE = 1e-3
 
 
 @dataclass
@@ -120,6 +134,25 @@ def check_attack(settings: dict, where: str = "attack", samples: bool = False) -
             raise ValueError(f"{where} {key} must be > 0, got {value}")
         if key in ("steps", "samples") and (value != int(value) or value < 1):
             raise ValueError(f"{where} {key} must be a positive integer, got {value}")
+
+
+def least_squares_sizes(src, dst) -> list[tuple[int, int]]:
+    """``(rows per image, unknowns per output)`` of each affine map of the stitch layer
+    from ``src`` to ``dst`` (two :class:`~stitchlab.layers.ActivationSpec`): a 1x1
+    convolution has a row per position of the back's grid, a vector point one row per
+    image; the unknowns are the input channels + 1 (the bias)."""
+    from .layers import StitchLayer
+
+    layer = StitchLayer(src, dst)
+    with torch.no_grad():
+        rows = layer.design_rows(torch.zeros(1, *src.shape), torch.zeros(1, *dst.shape))
+    return [(int(x.shape[0]), int(x.shape[1]) + 1) for x, _ in rows]
+
+
+def images_needed(src, dst) -> int:
+    """The fewest images whose rows determine the least-squares initialisation from
+    ``src`` to ``dst``: at least as many rows as unknowns per output, for every map."""
+    return max(-(-unknowns // rows) for rows, unknowns in least_squares_sizes(src, dst))
 
 
 class EpochBatches(torch.utils.data.Sampler):

@@ -52,6 +52,7 @@ __all__ = [
     "profile_overlap",
     "spearman",
     "bootstrap_spearman",
+    "with_ceiling",
     "run_oracle",
     "load_oracle_config",
     "is_oracle_config",
@@ -393,6 +394,7 @@ def run_oracle(settings: OracleSettings, out: str | Path, *, progress: bool = Tr
                     bar.update(1)
         if bar is not None:
             bar.close()
+    rows = with_ceiling(rows)
     write_csv(out / "oracle.csv", rows, list(rows[0]))
     summary = _summary(rows, settings)
     summary["seconds"] = round(time.time() - t_start, 1)
@@ -402,6 +404,25 @@ def run_oracle(settings: OracleSettings, out: str | Path, *, progress: bool = Tr
     log.info("oracle: %d networks, %d pairs, done in %s s; %s", len(names), len(pairs),
              summary["seconds"], out / "summary.json")  # fmt: skip
     return summary
+
+
+def with_ceiling(rows: list[dict[str, Any]], num_classes: int = 10) -> list[dict[str, Any]]:
+    """Each stitch row with its ceiling, ``self_score``: the back stitched into itself at
+    the same point with the same protocol and objective (the testbed's self pair), and
+    ``normalised`` = (score - chance) / (self_score - chance), chance = 100/K (the floor of
+    a run without a random-front null; NaN where the ceiling is not above it). Other
+    methods get None: they have no stitch."""
+    top = {(r["back"], r["point"], r["protocol"], r["objective"]): r["score"]
+           for r in rows if r["self"] and r["method"] == "stitch"}  # fmt: skip
+    chance = 100.0 / num_classes
+    out = []
+    for r in rows:
+        c = top.get((r["back"], r["point"], r["protocol"], r["objective"])) \
+            if r["method"] == "stitch" else None
+        norm = None if c is None else (r["score"] - chance) / (c - chance) \
+            if c > chance else float("nan")
+        out.append(r | {"self_score": c, "normalised": norm})
+    return out
 
 
 def _bar(progress: bool, total: int, desc: str):

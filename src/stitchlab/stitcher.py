@@ -22,6 +22,7 @@ stitch layer, to the bit, as a fit that computes everything itself.
 from __future__ import annotations
 
 import copy
+import logging
 import math
 import time
 from collections.abc import Mapping, Sequence
@@ -45,12 +46,14 @@ from ._memory_format import channels_last
 from .activations import BackTargets, StitchingSet
 from .evaluation import evaluate as _evaluate
 from .evaluation import pgd_examples
-from .fit import EpochBatches, TrainingConfig, train_layer
+from .fit import UNDERDETERMINED_RIDGE, EpochBatches, TrainingConfig, images_needed, train_layer
 from .layers import ActivationSpec, StitchLayer, fit_least_squares
 from .objectives import Objective, make_objective
 from .protocols import Protocol, Standard, as_protocol
 from .splitting import OutputSelector, TracedModel
 from .stitched import StitchedModel, StitchRecord
+
+log = logging.getLogger("stitchlab.stitcher")
 
 __all__ = ["Stitcher", "Initialisation", "FrontActivations", "stitch"]
 
@@ -85,7 +88,9 @@ class _OnActivations(nn.Module):
 class Initialisation:
     """A stitch layer's initial weights (``state``) and how they were obtained: the
     normalised least-squares residual, the number of samples fitted and the seconds it
-    took."""
+    took. ``underdetermined``: the samples gave fewer rows than unknowns per output
+    (:func:`stitchlab.fit.images_needed` is ``images_needed``), so ``ridge`` is
+    :data:`~stitchlab.fit.UNDERDETERMINED_RIDGE` where none was asked for."""
 
     state: Mapping[str, Tensor]
     residual: float
@@ -93,6 +98,8 @@ class Initialisation:
     seed: int
     ridge: float
     seconds: float
+    underdetermined: bool = False
+    images_needed: int = 0
 
 
 def _freeze(model: nn.Module) -> nn.Module:
@@ -383,16 +390,23 @@ class Stitcher:
         dataset = as_dataset(data, "init_data")[0]
         src, dst = self.setup(dataset)
         subset = _init_subset(dataset, samples, seed)
+        needed = images_needed(src, dst)
+        under = len(subset) < needed  # type: ignore[arg-type]
+        used = UNDERDETERMINED_RIDGE if under and not ridge else float(ridge)
+        if under:
+            log.info("least squares %s -> %s: %d images give fewer rows than unknowns (needs "
+                     "%d images); ridge %g", self.point, self.back_point, len(subset),  # type: ignore[arg-type]
+                     needed, used)  # fmt: skip
         t0 = time.perf_counter()
         with torch.random.fork_rng(devices=_cuda_devices(self.device)):
             torch.manual_seed(seed)  # as a fit with this seed builds its layer
             layer = StitchLayer(src, dst).to(self.device)
             pairs = _activation_pairs(self._front, self._back_prefix, subset, self.device, 256)
-            residual = fit_least_squares(layer, pairs, ridge=ridge)
+            residual = fit_least_squares(layer, pairs, ridge=used)
         init = Initialisation(
             state={k: v.detach().clone() for k, v in layer.state_dict().items()},
-            residual=residual, samples=len(subset), seed=seed, ridge=float(ridge),  # type: ignore[arg-type]
-            seconds=time.perf_counter() - t0,
+            residual=residual, samples=len(subset), seed=seed, ridge=used,  # type: ignore[arg-type]
+            seconds=time.perf_counter() - t0, underdetermined=under, images_needed=needed,
         )  # fmt: skip
         self._inits[key] = (refs, init)  # holding the objects keeps their ids from reuse
         return init, False

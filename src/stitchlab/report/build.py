@@ -37,6 +37,7 @@ from .tables import (
     iri_transfer,
     layer_averages,
     marker_label,
+    normalised_to_identical,
     objective_label,
     ordered,
     protocol_label,
@@ -344,6 +345,18 @@ def make_report(
             "Mean over stitch points (End/Front excluded) of the agreement averaged over seeds; "
             "± the standard deviation over seeds of the per-seed layer averages.",
         )
+        normalised = normalised_to_identical(table, classes)
+        if normalised is not None:
+            b.table(
+                "table-normalised",
+                "Layer-averaged agreement between floor and ceiling",
+                layer_average_matrix(normalised.assign(seed_std=float("nan")), digits=2),
+                "(layer average - chance) / (identical pair's layer average - chance), "
+                "chance = 100/K: 1 is the identical pair (the back stitched into itself "
+                "with the same objective, protocol and budget: the ceiling), 0 chance. "
+                "stitchlab compare and the oracle report the same quantity (compare with "
+                "its random-front null as the floor).",
+            )
     adversarial = results[results["adversarial"].astype(bool)]
     if "robust_agreement" in results and adversarial["robust_agreement"].notna().any():
         b.table(

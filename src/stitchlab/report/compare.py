@@ -1,5 +1,6 @@
-"""The report of ``stitchlab compare``: a depth profile with intervals and the null, a
-heat map per objective and protocol for a grid of points, and the tables."""
+"""The report of ``stitchlab compare``: a depth profile with intervals, the null (floor)
+and the ceiling (the back into itself), a heat map per objective and protocol for a grid
+of points, and the tables; budget-limited rows are marked in each."""
 
 from __future__ import annotations
 
@@ -28,7 +29,8 @@ def _pyplot():
 
 def plot_profile(results: pd.DataFrame):
     """Agreement with the back against the front point's relative depth: one panel per
-    objective, one line per protocol with its interval band, the null dotted."""
+    objective, one line per protocol with its interval band, the null dotted, the
+    ceiling dashed; budget-limited points (ceiling below the limit) hollow and ringed."""
     plt = _pyplot()
     objectives = list(dict.fromkeys(results["objective"]))
     fig, axes = plt.subplots(1, len(objectives), figsize=(3.6 * len(objectives), 3.2),
@@ -49,6 +51,14 @@ def plot_profile(results: pd.DataFrame):
                         label=f"null (random front), {protocol}")  # fmt: skip
                 ax.fill_between(g["front_depth"], g["null_ci_low"], g["null_ci_high"],
                                 color=c, alpha=0.08, lw=0)  # fmt: skip
+            if "ceiling_agreement" in g and g["ceiling_agreement"].notna().any():
+                ax.plot(g["front_depth"], g["ceiling_agreement"], "--", color=c, lw=1,
+                        label=f"ceiling (back into itself), {protocol}")  # fmt: skip
+                limited = d.groupby("front_depth", sort=True)["budget_limited"].any()
+                low = g[g["front_depth"].map(limited).fillna(False).astype(bool)]
+                if len(low):
+                    ax.plot(low["front_depth"], low["agreement"], "o", ms=11, mfc="none",
+                            mec="k", label="budget-limited (ceiling < 90)")  # fmt: skip
         ax.set_title(objective.upper())
         ax.set_xlabel("relative depth of the front point")
         ax.set_xlim(0, 1.02)
@@ -115,6 +125,14 @@ def _interval(row: pd.Series, key: str, low: str, high: str) -> str:
     return f"{fmt(row[key])} [{fmt(row[low])}, {fmt(row[high])}]"
 
 
+def _ratio(row: pd.Series) -> str:
+    if pd.isna(row["normalised"]):
+        return "—"
+    bounds = ("" if pd.isna(row["normalised_ci_low"]) else
+              f" [{row['normalised_ci_low']:.2f}, {row['normalised_ci_high']:.2f}]")
+    return f"{row['normalised']:.2f}{bounds}"
+
+
 def write_compare_report(out: str | Path, results: pd.DataFrame, summary: dict[str, Any],
                          grid: bool = False) -> Path:  # fmt: skip
     """Write ``figures/profile.{png,pdf}`` (and ``figures/heatmap.*`` for a grid) and
@@ -128,7 +146,10 @@ def write_compare_report(out: str | Path, results: pd.DataFrame, summary: dict[s
         "Agreement of the stitched model with the back on held-out images, against the "
         "front point's relative depth. Bands: the interval over stitch seeds and test images "
         f"({summary['settings']['confidence']:.0%}; {starts}). Dotted: the null, the same "
-        "back stitched from a randomly initialised front of the front's architecture.",
+        "back stitched from a randomly initialised front of the front's architecture. "
+        "Dashed: the ceiling, the back stitched into itself at the back point with the "
+        "same budget (an identity stitch exists, so anything below 100 is what the budget "
+        "loses). Ringed: budget-limited points, whose ceiling is below 90.",
         _save(plot_profile(results), figs, "profile"),
         ["figures/profile.png", "figures/profile.pdf"])]  # fmt: skip
     if grid:
@@ -147,6 +168,10 @@ def write_compare_report(out: str | Path, results: pd.DataFrame, summary: dict[s
                       for _, r in results.iterrows()],
         "excess over null [CI]": [_interval(r, "excess_over_null", "excess_ci_low",
                                             "excess_ci_high") for _, r in results.iterrows()],
+        "ceiling [CI]": [_interval(r, "ceiling_agreement", "ceiling_ci_low", "ceiling_ci_high")
+                         for _, r in results.iterrows()],
+        "normalised [CI]": [_ratio(r) for _, r in results.iterrows()],
+        "budget-limited": ["yes" if v else "no" for v in results["budget_limited"]],
         "seeds": results["seeds"],
         "IRI median error": [_digits(v, 3) for v in results["iri_median_error"]],
         "IRIs x closer than another image": [_digits(v, 1) for v in results["iri_null_ratio"]],
@@ -154,9 +179,14 @@ def write_compare_report(out: str | Path, results: pd.DataFrame, summary: dict[s
         "back on the front's IRIs": [_digits(v, 1) for v in
                                      results.get("iri_back_agreement", nan_column)],
     })  # fmt: skip
+    notes = [f"{r.front_point} -> {r.back_point} {r.objective} {r.protocol}: {r.budget_note}"
+             for r in results[results["budget_limited"]].itertuples()]  # fmt: skip
     tables = [TableEntry("results", "Scores", table,
                          "One row per (front point, back point, objective, protocol); "
-                         "results.csv has every column.",
+                         "normalised is (score - null) / (ceiling - null). "
+                         + ("Budget-limited (ceiling below 90): " + "; ".join(notes) + ". "
+                            if notes else "")
+                         + "results.csv has every column.",
                          numeric=("seeds", "IRI median error",
                                   "IRIs x closer than another image",
                                   "back on the front's IRIs"))]  # fmt: skip

@@ -25,6 +25,7 @@ __all__ = [
     "variant_keys",
     "curve_stats",
     "layer_averages",
+    "normalised_to_identical",
     "iri_quality",
     "front_reference",
     "infer_num_classes",
@@ -155,6 +156,33 @@ def layer_averages(results: pd.DataFrame, value: str = "agreement") -> pd.DataFr
     table["n_seeds"] = table["n_seeds"].astype(int)
     table["n_points"] = table["n_points"].astype(int)
     return _sort(table[columns], results, keys)
+
+
+def normalised_to_identical(table: pd.DataFrame, classes: dict) -> pd.DataFrame | None:
+    """The layer averages (:func:`layer_averages`) between their floor and ceiling:
+    ``(layer_average - chance) / (identical - chance)``, where ``identical`` is the layer
+    average of the experiment's ``identical`` pair (the back stitched into itself, same
+    objective, protocol and budget: the ceiling) and chance is 100/K (``classes``: K per
+    experiment), the floor of a run without a random-front null. 1: as good as the
+    identical pair, 0: chance. None when no experiment has an ``identical`` pair."""
+    if table.empty or "identical" not in set(table["pair"]):
+        return None
+    rows = []
+    for experiment, t in table.groupby("experiment", sort=False, dropna=False):
+        top = t[t["pair"] == "identical"]
+        if top.empty:
+            continue
+        # match the identical pair on its variants only where it has several
+        keys = ["objective", "protocol"] + [k for k in variant_keys(t)
+                                            if k in top and top[k].nunique(dropna=False) > 1]
+        ceiling = top.set_index(keys)["layer_average"]
+        chance = 100.0 / classes[experiment]
+        for r in t.to_dict("records"):
+            c = ceiling.get(tuple(r[k] for k in keys) if len(keys) > 1 else r[keys[0]])
+            value = (r["layer_average"] - chance) / (c - chance) \
+                if c is not None and c > chance else float("nan")
+            rows.append(r | {"layer_average": value})
+    return pd.DataFrame(rows, columns=table.columns) if rows else None
 
 
 def iri_quality(results: pd.DataFrame) -> pd.DataFrame | None:
