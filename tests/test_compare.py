@@ -553,7 +553,7 @@ def test_quick_raises_images_or_leaves_a_point_out(tmp_path, tinier_folder,
     assert df["front_point"].tolist() == ["blocks.2"]
     text = "\n".join(lines)
     assert "left out: blocks.3 -> blocks.3: its least squares needs 33 images" in text
-    assert "the 24 the data has" in text
+    assert "more than the 24 stitching images the data has" in text
     summary = json.loads((tmp_path / "o" / "summary.json").read_text())
     assert any("blocks.3 -> blocks.3" in x for x in summary["skipped"])
     assert df.iloc[0]["n_init"] == 64 and not df.iloc[0]["init_underdetermined"]

@@ -581,11 +581,12 @@ def run_compare(
         left_out += [(c, _need(needs, c)) for c in cells if _need(needs, c) > len(stitch_set)]
         cells = [c for c in cells if _need(needs, c) <= len(stitch_set)]
         for (f, b), need in left_out:
+            limit = (f"the {QUICK_MAX_IMAGES} a quick run takes" if need > QUICK_MAX_IMAGES
+                     else f"the {len(stitch_set)} stitching images the data has")
             plan_skipped.append(
                 f"{f} -> {b}: its least squares needs {need} images (input channels + 1 "
-                f"unknowns per output), more than the {min(QUICK_MAX_IMAGES, len(stitch_set))} "
-                f"{'a quick run takes' if need > QUICK_MAX_IMAGES else 'the data has'}; "
-                f"left out (run without --quick with --n-init {need} --n-stitch {need}).")
+                f"unknowns per output), more than {limit}; left out (run without --quick "
+                f"with --n-init {need} --n-stitch {need}).")  # fmt: skip
         if not cells:
             raise ValueError("every cell's least squares needs more images than a quick run "
                              "takes: " + "; ".join(plan_skipped))  # fmt: skip
