@@ -106,7 +106,9 @@ def test_a_stored_set_is_keyed_by_the_arithmetic_that_ran(tmp_path, monkeypatch)
 
 
 def test_old_presets_keep_their_arithmetic_and_keys():
-    for name in ("paper", "v1", "v2", "v3", "v4", "audio", "audio-v1"):
+    paper = IRIRecipe.from_kwargs(preset="paper")  # the released loop: float32 everywhere
+    assert paper.amp == "off" and not uses_bf16(paper, torch.device("cuda"))
+    for name in ("v1", "v2", "v3", "v4", "audio", "audio-v1"):
         rec = IRIRecipe.from_kwargs(preset=name)
         assert rec.amp == "auto" and rec.float32_steps == 0, name
         assert rec.float32_below is None, name
@@ -115,24 +117,24 @@ def test_old_presets_keep_their_arithmetic_and_keys():
         assert rec.key_dict()["amp"] == "auto"
     v4 = IRIRecipe.from_kwargs(preset="v4")
     assert (v4.steps, v4.precondition) == (180, "auto")
+    # v5-v7 keep the 270 steps (the last 90 exact) of the defaults before the zoo
+    old = {**IRIRecipe().key_dict(), "steps": 270, "exact_relu_steps": 90}
     # v5: the bfloat16 default before the exact inner-ReLU gradient of the last steps
     v5 = IRIRecipe.from_kwargs(preset="v5")
     assert (v5.steps, v5.amp, v5.float32_steps, v5.exact_relu_steps) == (270, "fast", 30, 0)
     later = ("exact_relu_steps", "keep_converged", "polyak", "polyak_fronts", "affine_rule",
              "exact_relu_mismatch")  # fmt: skip
-    assert v5.key_dict() == {k: v for k, v in IRIRecipe().key_dict().items()
-                             if k not in later}  # fmt: skip
+    assert v5.key_dict() == {k: v for k, v in old.items() if k not in later}
     # v6: the default before the Polyak cap of affine fronts, which only that cap and the
     # switch on the inner ReLUs' states separate
     v6 = IRIRecipe.from_kwargs(preset="v6")
-    assert v6.key_dict() == {k: v for k, v in IRIRecipe().key_dict().items()
+    assert v6.key_dict() == {k: v for k, v in old.items()
                              if k not in ("polyak", "polyak_fronts", "affine_rule",
                                           "exact_relu_mismatch")}  # fmt: skip
     # v7: the default before that switch, which alone separates them
     v7 = IRIRecipe.from_kwargs(preset="v7")
     assert v7.exact_relu_mismatch is None and IRIRecipe().exact_relu_mismatch == 0.1
-    assert v7.key_dict() == {k: v for k, v in IRIRecipe().key_dict().items()
-                             if k != "exact_relu_mismatch"}  # fmt: skip
+    assert v7.key_dict() == {k: v for k, v in old.items() if k != "exact_relu_mismatch"}
 
 
 def test_describe_names_the_arithmetic():

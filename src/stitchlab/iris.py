@@ -59,7 +59,7 @@ __all__ = [
     "dequantise",
 ]
 
-FORMAT_VERSION = 2  # 2: per-sample null distances stored beside the errors
+FORMAT_VERSION = 3  # 3: the smooth gradient of saturating nonlinearities and max-pooling
 
 
 #: IRIs must be at least this many times closer (median relative error at the point) to
@@ -82,16 +82,19 @@ class IRIError(RuntimeError):
 class IRIRecipe:
     """How IRIs are optimised.
 
-    The defaults are stitchlab's recipe, chosen by the convergence study of
-    docs/validation/iri_convergence.md: 270 Adam steps whose size decays geometrically
+    The defaults are stitchlab's recipe, chosen on the IRI zoo (docs/iri_zoo.md; the
+    convergence study of docs/validation/iri_convergence.md before it): 200 Adam steps
+    whose size decays geometrically
     from 0.1 to 0.01 (box units), in bfloat16 where the hardware has bf16 matrix units
     (``amp="fast"``) but the last 30 (``float32_steps``), second-moment decay
     ``adam_beta2`` 0.95, in coordinates whitened by the front's first convolution
     (``precondition="first_layer"``), the momentum
     that pushes a pixel out of the box dropped (``drop_outward_momentum``), from uniform
     noise over the box, the gradient passed straight through a ReLU that ends the front
-    and smoothly through its inner ReLUs (``relu_grad="smooth"``) but in the last 90 steps
-    (``exact_relu_steps``), where the inner ReLUs take their exact gradient (and in all
+    and smoothly through its inner ReLUs, its saturating nonlinearities (ReLU6, Hardtanh,
+    Hardsigmoid, Hardswish modules) and its max-pooling of non-overlapping windows
+    (``relu_grad="smooth"``) but in the last 60 steps
+    (``exact_relu_steps``), where they take their exact gradient (and in all
     steps after a check at which each inner ReLU's on/off states agree with the source's
     at all but 10% of its units, ``exact_relu_mismatch``), and a sample
     stops once its relative error is below ``tolerance`` (0.01), keeping the iterate that
@@ -113,7 +116,9 @@ class IRIRecipe:
     the default, bit for bit, and its IRI sets have the same keys), ``preset="v7"`` the
     default from then until the switch on the inner ReLUs' states (the same day; the
     smooth gradient up to the exact tail wherever the states stand; on a front without
-    inner ReLUs it is the default, bit for bit, with the same keys).
+    inner ReLUs it is the default, bit for bit, with the same keys). ``v5``-``v7`` keep
+    their 270 steps (the last 90 exact); the smooth gradient of saturating nonlinearities
+    and max-pooling is in every ``relu_grad="smooth"`` recipe (store format 3).
 
     ``polyak`` caps each sample's step at that fraction of its Polyak step ``err /
     <grad, step>``: the size at which the error's linearisation along the step reaches 0,
@@ -175,7 +180,12 @@ class IRIRecipe:
     sigmoid(z / w))`` at an inner ReLU with pre-activation ``z``, ``w`` = ``relu_width``
     x the standard deviation of the *source's* pre-activation over the map (per sample
     and channel): a unit just below zero passes about half the gradient, one far below
-    ``relu_floor`` of it, one well above all of it. Only the descent direction changes;
+    ``relu_floor`` of it, one well above all of it. A saturating nonlinearity (a clamp to
+    ``[lo, hi]``: ReLU6, Hardtanh; Hardsigmoid and Hardswish, kinked at -3 and 3) takes
+    the derivative of its softplus-smoothed version over the same ``w``, at least
+    ``relu_floor``, and a max-pooling of non-overlapping windows spreads each window's
+    gradient over its inputs by a softmax of ``(x - max) / w``
+    (:class:`_SmoothSaturatingFn`, :class:`_SoftMaxPoolFn`). Only the descent direction changes;
     the forward pass stays exact. The smooth gradient is not the gradient of the error, so
     it leaves a floor under the error that it cannot descend below: the last
     ``exact_relu_steps`` steps of a batch take the exact gradient of the inner ReLUs (the
@@ -231,7 +241,7 @@ class IRIRecipe:
     """
 
     # with bfloat16 where it is fast, a set costs about the paper recipe's 200 signed steps
-    steps: int = 270
+    steps: int = 200
     step_size: float = 0.1
     final_step_size: float | None = 0.01  # geometric decay to this size (None: constant)
     optimizer: Literal["sign", "adam", "l2", "lbfgs"] = "adam"
@@ -250,7 +260,7 @@ class IRIRecipe:
     relu_width: float = 0.3  # under relu_grad="smooth": sigmoid width / source's sd
     relu_floor: float = 0.05  # under relu_grad="smooth": the least backward slope
     # under relu_grad="smooth": the last steps of a batch take the exact inner-ReLU gradient
-    exact_relu_steps: int = 90
+    exact_relu_steps: int = 60
     # ... and all steps from the first check (every MISMATCH_EVERY smooth steps) at which at
     # most this fraction of every inner ReLU's units is on where the source's is off or the
     # reverse (None: never)
@@ -558,13 +568,15 @@ _CAP_V1 = {"polyak": None}
 # the smooth inner-ReLU gradient up to the exact tail whatever the ReLUs' states, as before
 # the switch on on/off agreement with the source (2026-12-06)
 _MISMATCH_V1 = {"exact_relu_mismatch": None}
+# 270 steps, the last 90 with the exact inner-ReLU gradient, as before the zoo (issue 57)
+_STEPS_V1 = {"steps": 270, "exact_relu_steps": 90}
 
 PRESETS: dict[str, dict] = {
     "default": {},
     "paper": {
         "steps": 200, "step_size": 1 / 255, "final_step_size": None, "optimizer": "sign",
         "start": "noise", "tolerance": None, "relu_grad": "exact", **_ADAM_V1, **_AMP_V1,
-        **_STOP_V1, **_CAP_V1,
+        **_STOP_V1, **_CAP_V1, "amp": "off",  # the released loop: float32 on every device
     },
     # the default from 2026-12-04 until the first-layer preconditioner (2026-12-05): Adam in
     # pixels; the pages of that time were made with it
@@ -577,13 +589,13 @@ PRESETS: dict[str, dict] = {
     # the default of the late evening of 2026-12-05 (bfloat16 where fast, 270 steps) until
     # the exact inner-ReLU gradient of the last steps (that night): the smooth gradient to
     # the last step, and a converged sample's last step taken
-    "v5": {"exact_relu_steps": 0, **_STOP_V1, **_CAP_V1, **_MISMATCH_V1},
+    "v5": {**_STEPS_V1, "exact_relu_steps": 0, **_STOP_V1, **_CAP_V1, **_MISMATCH_V1},
     # the default from the night of 2026-12-05 until the Polyak cap of affine fronts
     # (2026-12-06): every step its full size; the pages of 2026-12-06 were made with it
-    "v6": {**_CAP_V1, **_MISMATCH_V1},
+    "v6": {**_STEPS_V1, **_CAP_V1, **_MISMATCH_V1},
     # the default from the Polyak cap (2026-12-06) until the switch to the exact inner-ReLU
     # gradient once the ReLUs' states agree with the source's (the same day)
-    "v7": {**_MISMATCH_V1},
+    "v7": {**_STEPS_V1, **_MISMATCH_V1},
     # stitchlab's default before December 2026 (docs/validation/iri_convergence.md): kept so
     # that the sets and pages made with it are reproduced exactly
     "v1": {"steps": 200, "step_size": 0.05, "final_step_size": 0.002,
@@ -829,6 +841,139 @@ class _SmoothReLUFn(torch.autograd.Function):
         return d, None, None, None
 
 
+def _relu_state(t: Tensor) -> Tensor:
+    return t > 0
+
+
+class _SmoothSaturatingFn(torch.autograd.Function):
+    """A saturating piecewise-linear nonlinearity (clamp to ``[lo, hi]``: ReLU6,
+    Hardtanh; Hardsigmoid, Hardswish) with its exact forward and, backward, the
+    derivative of its softplus-smoothed version: for a clamp ``s(x) = sigmoid((x - lo) /
+    w) - sigmoid((x - hi) / w)`` (the kinks rounded over ``w``), at least ``floor``;
+    Hardsigmoid ``s(x) / 6`` over ``[-3, 3]``; Hardswish ``x * h(x)`` with ``h`` the
+    smoothed Hardsigmoid, plus ``floor`` below -3. ``w`` as for the ReLUs."""
+
+    @staticmethod
+    def forward(ctx, x, inv_width, kind, lo, hi, floor, exact):  # noqa: D102
+        kept = x.detach().clone()  # an in-place module overwrites what it is given
+        ctx.save_for_backward(kept, inv_width)
+        ctx.kind, ctx.lo, ctx.hi, ctx.floor = kind, lo, hi, floor
+        return exact(kept.clone())
+
+    @staticmethod
+    def backward(ctx, grad):  # noqa: D102
+        x, inv = ctx.saved_tensors
+        x = x.to(grad.dtype)
+        inv = inv.to(grad.dtype)
+        a, b = torch.sigmoid((x - ctx.lo) * inv), torch.sigmoid((x - ctx.hi) * inv)
+        inside = a - b  # the smoothed clamp's derivative
+        if ctx.kind == "clamp":
+            d = inside.clamp_min_(ctx.floor)
+        elif ctx.kind == "hardsigmoid":
+            d = inside.clamp_min_(ctx.floor) / (ctx.hi - ctx.lo)
+        else:  # hardswish: x * h(x), h the smoothed (x + 3) / 6 clamped to [0, 1]
+            width = inv.reciprocal()
+            h = width * (F.softplus((x - ctx.lo) * inv) - F.softplus((x - ctx.hi) * inv))
+            d = h / (ctx.hi - ctx.lo) + x * inside / (ctx.hi - ctx.lo)
+            d = d + ctx.floor * (x <= ctx.lo)
+        return grad * d, None, None, None, None, None, None
+
+
+class _SoftMaxPoolFn(torch.autograd.Function):
+    """Max-pooling over non-overlapping windows ``k`` (kernel = stride, no padding) with
+    its exact forward and, backward, each window's gradient spread over its inputs by a
+    softmax of ``(x - max) / w`` (``w`` as for the ReLUs): an input just below its
+    window's maximum gets about as much as the maximum, one far below none (the exact
+    gradient as ``w`` -> 0)."""
+
+    @staticmethod
+    def forward(ctx, x, inv_width, k, exact):  # noqa: D102
+        y = exact(x)
+        ctx.save_for_backward(x.detach(), y.detach(), inv_width)
+        ctx.k = k
+        return y
+
+    @staticmethod
+    def backward(ctx, grad):  # noqa: D102
+        x, y, inv = ctx.saved_tensors
+        k = ctx.k
+        pool = F.avg_pool1d if len(k) == 1 else F.avg_pool2d
+        size = tuple(o * kk for o, kk in zip(y.shape[2:], k, strict=True))
+        cut = tuple(x.shape[2:]) != size  # floor mode left a border out of every window
+        xc = x[(slice(None), slice(None), *(slice(0, n) for n in size))] if cut else x
+        e = torch.exp((xc - F.interpolate(y, size=size, mode="nearest")) * inv.to(x.dtype))
+        total = pool(e, k) * math.prod(k)  # each window's sum (its maximum contributes 1)
+        gx = e.mul_(F.interpolate(grad / total, size=size, mode="nearest"))
+        if not cut:
+            return gx, None, None, None
+        full = torch.zeros_like(x, dtype=grad.dtype)
+        full[(slice(None), slice(None), *(slice(0, n) for n in size))] = gx
+        return full, None, None, None
+
+
+def _saturating_kind(module: nn.Module) -> tuple[str, float, float] | None:
+    """(kind, lo, hi) of a saturating nonlinearity module the smooth gradient treats:
+    ``nn.Hardtanh`` and ``nn.ReLU6`` (a clamp to ``[lo, hi]``), ``nn.Hardsigmoid`` and
+    ``nn.Hardswish`` (kinks at -3 and 3); None for another module."""
+    if isinstance(module, nn.Hardtanh):  # ReLU6 is one
+        return "clamp", float(module.min_val), float(module.max_val)
+    if isinstance(module, nn.Hardsigmoid):
+        return "hardsigmoid", -3.0, 3.0
+    if isinstance(module, nn.Hardswish):
+        return "hardswish", -3.0, 3.0
+    return None
+
+
+def _pool_windows(module: nn.Module) -> tuple[int, ...] | None:
+    """The windows of a max-pooling module whose windows do not overlap (kernel =
+    stride, no padding or dilation, floor mode, no indices), else None."""
+    if not isinstance(module, (nn.MaxPool1d, nn.MaxPool2d)) or module.return_indices:
+        return None
+    nd = 1 if isinstance(module, nn.MaxPool1d) else 2
+
+    def tup(v) -> tuple[int, ...]:
+        return tuple(v) if isinstance(v, (tuple, list)) else (int(v),) * nd
+
+    k, st = tup(module.kernel_size), tup(module.stride or module.kernel_size)
+    if k != st or any(tup(module.padding)) or set(tup(module.dilation)) != {1} \
+            or module.ceil_mode:
+        return None
+    return k
+
+
+class _SmoothModule(nn.Module):
+    """A saturating nonlinearity or max-pooling module of a front, run by the front's
+    :class:`_SmoothReLUs` (exact outside a smooth step)."""
+
+    def __init__(self, inner: nn.Module, smooth: _SmoothReLUs) -> None:
+        super().__init__()
+        self.inner = inner
+        object.__setattr__(self, "smooth", smooth)  # not a submodule
+
+    def forward(self, x: Tensor) -> Tensor:  # noqa: D102
+        windows = _pool_windows(self.inner)
+        if windows is not None:
+            return self.smooth.max_pool(x, windows, self.inner)
+        kind, lo, hi = _saturating_kind(self.inner)
+        return self.smooth.saturating(x, kind, lo, hi, self.inner)
+
+
+def _smooth_saturating(front: nn.Module, smooth: _SmoothReLUs) -> None:
+    """Run every saturating nonlinearity module (:func:`_saturating_kind`) and every
+    max-pooling of non-overlapping windows in ``front`` (inside leaf modules too) through
+    ``smooth``."""
+    roots = [front, *_front_graphs(front)]
+    for root in roots:
+        for parent in list(root.modules()):
+            if isinstance(parent, _SmoothModule):
+                continue
+            for name, child in list(parent.named_children()):
+                if isinstance(child, _SmoothModule):
+                    continue
+                if _saturating_kind(child) is not None or _pool_windows(child) is not None:
+                    setattr(parent, name, _SmoothModule(child, smooth))
+
+
 class _SmoothReLUs:
     """The inner ReLUs of a front under ``relu_grad="smooth"``: exact forward; backward
     ``max(floor, sigmoid(x / w))`` with ``w = width`` x the standard deviation of the
@@ -853,27 +998,32 @@ class _SmoothReLUs:
         self._k = 0
         self._rows: Tensor | None = None
 
-    def relu(self, x: Tensor, inplace: bool = False) -> Tensor:
-        """Replaces each inner ReLU of the front (``inplace`` as the model's own): the
-        smooth one in a step, a plain one otherwise (an exact step, measurement)."""
+    def _next(self, x: Tensor, state: Callable[[Tensor], Tensor] | None) -> Tensor | None:
+        """The inverse widths of the next smooth op in a step (None outside a step); in
+        a recording forward, records them (and, with ``keep_states``, the op's ``state``
+        of the sources, None for an op whose states are not compared)."""
         if self.mode == "step":
             if self._k >= len(self.inv_widths):
                 raise RuntimeError(
-                    f"the front ran more ReLUs in an IRI step ({self._k + 1}) than when the "
-                    f"smooth gradient's widths were recorded ({len(self.inv_widths)}): its "
-                    "forward depends on its input; use relu_grad='surrogate' for this model"
+                    f"the front ran more nonlinearities in an IRI step ({self._k + 1}) than "
+                    f"when the smooth gradient's widths were recorded "
+                    f"({len(self.inv_widths)}): its forward depends on its input; use "
+                    "relu_grad='exact' for this model"
                 )
             inv = self._of_rows(self.inv_widths[self._k])
-            # before the ReLU, which may overwrite x; none after a ReLU above the threshold
-            if self._measure is not None and max(self._mismatches, default=0) <= self._measure:
-                on = self._of_rows(self.source_on[self._k])
-                differ = torch.count_nonzero((x.detach() > 0).ne_(on))
+            # before the op, which may overwrite x; none after an op above the threshold
+            on = self.source_on[self._k] if self._k < len(self.source_on) else None
+            if (
+                self._measure is not None and on is not None and state is not None
+                and max(self._mismatches, default=0) <= self._measure
+            ):  # fmt: skip
+                differ = torch.count_nonzero(state(x.detach()).ne_(self._of_rows(on)))
                 self._mismatches.append(float(differ) / max(x.numel(), 1))
             self._k += 1
-            return _SmoothReLUFn.apply(x, inv, self.floor, inplace)
+            return inv
         if self.mode == "record":
             if self._keep_states:
-                self.source_on.append(x.detach() > 0)
+                self.source_on.append(state(x.detach()) if state is not None else None)
             dims = tuple(range(2, x.dim()))
             if math.prod(x.shape[2:]) < 2:  # no map to measure: the sample's units
                 dims = tuple(range(1, x.dim()))
@@ -882,8 +1032,37 @@ class _SmoothReLUs:
             else:
                 sd = x.detach().float().std(dim=dims, keepdim=True)
             self.inv_widths.append((sd * self.width).clamp_min(1e-12).reciprocal())
+        return None
+
+    def relu(self, x: Tensor, inplace: bool = False) -> Tensor:
+        """Replaces each inner ReLU of the front (``inplace`` as the model's own): the
+        smooth one in a step, a plain one otherwise (an exact step, measurement)."""
+        inv = self._next(x, _relu_state)
+        if inv is not None:
+            return _SmoothReLUFn.apply(x, inv, self.floor, inplace)
         # torch's ReLU: its backward (in an exact step) reads the result, keeps no copy
         return torch.relu_(x) if inplace else torch.relu(x)
+
+    def saturating(self, x: Tensor, kind: str, lo: float, hi: float, exact: Callable) -> Tensor:
+        """A saturating nonlinearity of the front (:func:`_saturating_kind`): ``exact(x)``
+        forward; in a smooth step the backward of :class:`_SmoothSaturatingFn`."""
+        inv = self._next(x, lambda t: (t > lo) & (t < hi))
+        if inv is None:
+            return exact(x)
+        return _SmoothSaturatingFn.apply(x, inv, kind, lo, hi, self.floor, exact)
+
+    def max_pool(self, x: Tensor, k: tuple[int, ...], exact: Callable) -> Tensor:
+        """A max-pooling of non-overlapping windows ``k``: exact forward; in a smooth
+        step the backward of :class:`_SoftMaxPoolFn` (each window's gradient spread by a
+        softmax of its inputs)."""
+        inv = self._next(x, None)
+        if inv is None:
+            return exact(x)
+        return _SoftMaxPoolFn.apply(x, inv, k, exact)
+
+    def __deepcopy__(self, memo: dict) -> _SmoothReLUs:
+        # one state per front: a copy of the front (BatchNorm folding) runs the same ops
+        return self
 
     def _of_rows(self, t: Tensor) -> Tensor:
         """``t``'s rows of this step's samples (all of them before any stopped)."""
@@ -930,6 +1109,9 @@ def _smooth_relus_of(front: nn.Module) -> _SmoothReLUs | None:
             owner = getattr(node.target, "__self__", None) if node.op == "call_function" else None
             if isinstance(owner, _SmoothReLUs):
                 return owner
+    for m in front.modules():
+        if isinstance(m, _SmoothModule):
+            return m.smooth
     return None
 
 
@@ -1054,7 +1236,9 @@ def _frozen_front(
     if relu_grad == "surrogate":
         _surrogate_inner(front, relu_slope)
     if relu_grad == "smooth":
-        _replace_relus(front, _SmoothReLUs(relu_width, relu_floor).relu, pass_inplace=True)
+        smooth = _SmoothReLUs(relu_width, relu_floor)
+        _replace_relus(front, smooth.relu, pass_inplace=True)
+        _smooth_saturating(front, smooth)
     return front
 
 
