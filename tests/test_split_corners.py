@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 import stitchlab as sl
-from stitchlab.splitting import SplitError, TracedModel
+from stitchlab.splitting import LogitsOnly, SplitError, TracedModel, select_logits, tap_model
 
 
 class ConvBNReLU(nn.Module):
@@ -38,7 +38,7 @@ def test_inplace_op_after_the_point_changes_nothing_the_caller_holds():
     torch.testing.assert_close(back(a), model(x))
     assert torch.equal(a, kept)  # the back copied before its in-place ReLU
     # a tap at `bn` is the BatchNorm output (negatives included), not the ReLU's
-    logits, taps = sl.tap_model(model, ["bn", "conv2"])(x)
+    logits, taps = tap_model(model, ["bn", "conv2"])(x)
     torch.testing.assert_close(taps["bn"], kept)
     torch.testing.assert_close(logits, model(x))
     _, back_c = sl.split(model, "conv", taps=["bn"])
@@ -153,13 +153,32 @@ def test_tuple_and_dict_outputs_stitch_and_score(cls):
     x = torch.rand(40, 3, 8, 8)
     y = torch.randint(0, 3, (40,))
     logits = TupleOut.forward(model, x)[0]
-    f, b = sl.split(model, "body")
+    output = 0 if cls is TupleOut else None  # a tuple names its logits; a dict has "logits"
+    f, b = sl.split(model, "body", output=output)
     torch.testing.assert_close(b(f(x)), logits)
+    reference = LogitsOnly(model, output)  # the reference returns a tuple/dict too
     for objective in ("slm", "fula", "hlm"):
         s = sl.stitch(model, model, "body", (x, y), objective=objective, epochs=1,
-                      init="identity", lr=0.0)  # fmt: skip
-        scores = sl.evaluate(s, (x, y), model)  # the reference returns a tuple/dict too
+                      init="identity", lr=0.0, output=output)  # fmt: skip
+        scores = sl.evaluate(s, (x, y), reference)
         assert scores["agreement"] == pytest.approx(100.0, abs=1e-3)
+
+
+def test_a_tuple_of_features_and_logits_is_not_guessed():
+    # (features, logits): the old default (the first element) scored the features
+    class FeaturesFirst(TupleOut):
+        def forward(self, x):  # noqa: D102
+            logits, feats = super().forward(x)
+            return feats, logits
+
+    model = FeaturesFirst().eval()
+    for call in (lambda: sl.split(model, "body"), lambda: sl.stitch_points(model),
+                 lambda: select_logits(model(torch.rand(2, 3, 8, 8)))):  # fmt: skip
+        with pytest.raises(SplitError, match=r"tuple of 2 elements.*pass output=<index>"):
+            call()
+    x = torch.rand(2, 3, 8, 8)
+    f, b = sl.split(model, "body", output=1)
+    torch.testing.assert_close(b(f(x)), model(x)[1])
 
 
 def test_output_selects_the_logits_or_says_how():

@@ -332,11 +332,56 @@ def _cmd_stitch(args: argparse.Namespace) -> int:
     return 0
 
 
+class _Grey:
+    """A dataset's RGB images as their grey level (luma), for a 1-channel model."""
+
+    def __init__(self, data) -> None:
+        self.data = data
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def __getitem__(self, i: int):
+        x, *rest = self.data[i]
+        return (_luma(x), *rest)
+
+
+def _luma(x):
+    import torch
+
+    from .models.sources import LUMA
+
+    w = torch.tensor(LUMA, dtype=x.dtype).view(3, 1, 1)
+    return (x * w).sum(-3, keepdim=True)
+
+
+def _with_channels_of(model, data):
+    """``data`` whose images have the channels ``model`` takes: RGB images become their
+    grey level (luma) for a 1-channel model, as compare does; other mismatches are refused."""
+    from .models.sources import input_channels
+
+    want = input_channels(model)
+    first = data[0] if isinstance(data, tuple) else data[0][0]
+    have = first.shape[-3] if first.dim() >= 3 else None
+    if want is None or have is None or have == want:
+        return data
+    if want == 1 and have == 3:
+        import logging
+
+        logging.getLogger("stitchlab").info(
+            "the model takes 1-channel images: the RGB images are turned to grey (luma)")
+        return (_luma(data[0]), data[1]) if isinstance(data, tuple) else _Grey(data)
+    raise ValueError(
+        f"the model takes {want}-channel images but the data's have {have} channels; give "
+        f"--data with {want}-channel images."
+    )
+
+
 def _cmd_iris(args: argparse.Namespace) -> int:
     from .iris import IRIRecipe, generate_iris_set
 
     model = _load_model_arg(args.model, args.random_init)
-    train, _ = _data_arg(args)
+    train = _with_channels_of(model, _data_arg(args)[0])
     options = {"preset": args.preset}
     for key in ("steps", "step_size", "final_step_size", "optimizer", "tolerance", "history"):
         if getattr(args, key) is not None:

@@ -823,6 +823,7 @@ def _execute(s, front, back, stitch_set, test_set, reference, todo, store, progr
              recipe, null_fronts: dict[int, nn.Module]) -> None:  # fmt: skip
     """Compute the missing runs, one Stitcher per (front model, cell), storing each run
     as soon as it is done."""
+    from ._checks import check_class_labels
     from ._data import predict
     from .fit import TrainingConfig
     from .metrics import per_image_agreement
@@ -870,6 +871,7 @@ def _execute(s, front, back, stitch_set, test_set, reference, todo, store, progr
             model = st.fit(r["objective"], sset, init=init, settings=cfg)
             with torch.no_grad():
                 logits, labels = predict(model, test_set, device=torch.device(s.device))
+            check_class_labels(labels, logits.shape[1], "the test data")
             values = per_image_agreement(logits, reference)
             hard = 100 * float((logits.argmax(1) == reference.argmax(1)).double().mean())
             q = sset.iri_quality

@@ -6,7 +6,8 @@ import torch
 from torch import Tensor, nn
 
 from . import metrics
-from ._data import DataLike, _module_device, as_dataset, batches, check_labels
+from ._checks import check_class_labels
+from ._data import DataLike, _module_device, as_dataset, batches
 from ._modes import evaluating
 from .fit import check_attack
 
@@ -47,7 +48,7 @@ def evaluate(
     metrics._check_finite(logits, "the stitched model's logits")
     metrics._check_finite(ref_logits, "the reference logits")
     k = logits.shape[1]
-    check_labels(labels, "test_data", num_classes=k)
+    check_class_labels(labels, k, "test_data")
     agree = metrics.agreement(logits, ref_logits)
     robust = {}
     if attack is not None:

@@ -50,6 +50,9 @@ _REDUCE = {"mean", "sum", "amax", "amin", "std", "var", "norm", "logsumexp", "pr
 _RESHAPE = {"view", "reshape", "flatten", "unflatten", "squeeze", "unsqueeze", "view_as",
             "reshape_as"}  # fmt: skip
 
+_MOVES = _RESHAPE | {"permute", "transpose", "swapaxes", "swapdims", "movedim", "t",
+                     "getitem", "expand", "expand_as", "repeat", "roll", "flip"}  # fmt: skip
+
 Axes = tuple[int | None, int | None]  # (batch axis, channel axis); None: not followed
 _UNKNOWN: Axes = (None, None)
 
@@ -73,6 +76,15 @@ def _map_reshape(axes: Axes, before: tuple[int, ...], after: tuple[int, ...]) ->
         return None
 
     return (one(axes[0]), one(axes[1]))
+
+
+def _map_contract_last(axes: Axes, ndim: int, axis: int | None = None) -> Axes:
+    """A linear map over one axis (the last by default) whose result takes its place: the
+    batch stays unless it is that axis; the channels are that axis unless they are
+    elsewhere (a map over the width of an NCHW map keeps its channels)."""
+    axis = ndim - 1 if axis is None else axis
+    b, c = axes
+    return (None if b == axis else b, axis if c is None or c == axis else c)
 
 
 def _map_permute(axes: Axes, dims: Sequence[int]) -> Axes:
@@ -146,9 +158,13 @@ class LayoutProp(fx.Interpreter):
         self.batch = batch
         self.axes: dict[fx.Node, object] = {}
         self.values: dict[fx.Node, object] = {}
+        self.from_input: dict[fx.Node, bool] = {}  # whether a value depends on the input
 
     def run_node(self, n: fx.Node):  # noqa: D102
         out = super().run_node(n)
+        self.from_input[n] = n.op == "placeholder" or any(
+            self.from_input.get(a, False) for a in n.all_input_nodes
+        )
         if n.op != "output":
             self.values[n] = out
             try:
@@ -199,6 +215,8 @@ class LayoutProp(fx.Interpreter):
             return _UNKNOWN
         if name in _FIRST_FUNCTIONS:
             return (ax[0], 1)
+        if name == "linear" and isinstance(x, Tensor):  # x @ W.T over x's last axis
+            return _map_contract_last(ax, x.dim())
         if name in _LAST_FUNCTIONS:
             if name == "layer_norm":
                 shape = n.args[1] if len(n.args) > 1 else n.kwargs.get("normalized_shape")
@@ -215,6 +233,8 @@ class LayoutProp(fx.Interpreter):
             d = n.args[1] if len(n.args) > 1 else n.kwargs.get("dim", 0)
             d = _norm_dim(int(d), out.dim())
             return tuple(None if a is None else a + (1 if a >= d else 0) for a in pa)
+        if name == "einsum":
+            return self._einsum(n, out)
         if not isinstance(x, Tensor):
             return self._broadcast(n, out)
         if name == "permute":
@@ -242,12 +262,102 @@ class LayoutProp(fx.Interpreter):
             return _map_reduce(ax, dims, bool(keep), x.dim())
         if name == "pad" and out.dim() == x.dim():
             return ax
-        if name in ("matmul", "bmm", "baddbmm", "einsum", "mm", "scaled_dot_product_attention"):
+        if name in ("matmul", "mm") and len(n.args) == 2:
+            return self._matmul(n, out)
+        if name in ("matmul", "bmm", "baddbmm", "mm", "scaled_dot_product_attention"):
             return _UNKNOWN
         ax_out = self._broadcast(n, out)
         if ax_out[0] is None and ax[0] == 0 and out.dim() == x.dim() and out.shape[0] == x.shape[0]:
             return (0, ax_out[1])  # an op this analysis does not know that keeps the batch
         return ax_out
+
+    def _weight(self, a) -> Tensor | None:
+        """The value of ``a`` when it is a 2-D tensor that does not depend on the input
+        (a parameter, or one computed from parameters only)."""
+        v = self.values.get(a) if isinstance(a, fx.Node) else a
+        if not isinstance(v, Tensor) or v.dim() != 2:
+            return None
+        if isinstance(a, fx.Node) and self.from_input.get(a, True):
+            return None
+        return v
+
+    def _matmul(self, n: fx.Node, out: Tensor) -> Axes:
+        """An activation times a 2-D weight: ``x @ W`` maps x's last axis, ``W @ x`` its
+        second to last; the other axes keep their places."""
+        a, b = n.args[0], n.args[1]
+        xa, xb = self.values.get(a), self.values.get(b)
+        if isinstance(xa, Tensor) and xa.dim() >= 2 and self._weight(b) is not None:
+            if out.dim() == xa.dim():
+                return _map_contract_last(self._in(a), xa.dim())
+        if isinstance(xb, Tensor) and xb.dim() >= 3 and self._weight(a) is not None:
+            if out.dim() == xb.dim():
+                return _map_contract_last(self._in(b), xb.dim(), xb.dim() - 2)
+        return _UNKNOWN
+
+    def _einsum(self, n: fx.Node, out: Tensor) -> Axes:
+        """``einsum`` of one activation with weights: the batch follows its letter, the
+        channels their letter or, where it is summed over, the one new letter."""
+        eq = n.args[0] if n.args else None
+        ops = list(n.args[1:])
+        if len(ops) == 1 and isinstance(ops[0], (tuple, list)):
+            ops = list(ops[0])
+        if not isinstance(eq, str) or "..." in eq or "->" not in eq:
+            return _UNKNOWN
+        ins, res = eq.replace(" ", "").split("->")
+        terms = ins.split(",")
+        acts = [i for i, o in enumerate(ops) if isinstance(o, fx.Node)
+                and self.from_input.get(o, False)]  # fmt: skip
+        if len(terms) != len(ops) or len(acts) != 1:
+            return _UNKNOWN
+        i = acts[0]
+        if any(self._weight(o) is None and j != i for j, o in enumerate(ops)):
+            return _UNKNOWN
+        letters = terms[i]
+        b, c = self._in(ops[i])
+        bl = letters[b] if b is not None and b < len(letters) else None
+        cl = letters[c] if c is not None and c < len(letters) else None
+        batch = res.index(bl) if bl is not None and bl in res else None
+        new = [ch for ch in res if ch not in letters]
+        if cl is not None and cl in res:
+            chan: int | None = res.index(cl)
+        else:
+            summed = [ch for ch in letters if ch not in res]
+            chan = res.index(new[0]) if len(new) == 1 and (cl is not None or len(summed) == 1) \
+                else None
+        return (batch, chan)
+
+    def consumer_channel(self, node: fx.Node) -> int | None:
+        """The axis of ``node``'s value that the first channel map reading it acts on
+        (a convolution: axis 1; Linear, ``linear``, ``x @ W``: the last), following
+        element-wise operations that keep its shape; None when none is found."""
+        value = self.values.get(node)
+        if not isinstance(value, Tensor):
+            return None
+        shape, last = value.shape, value.dim() - 1
+        todo, seen = [node], {node}
+        while todo:
+            cur = todo.pop()
+            for u in cur.users:
+                if u in seen:
+                    continue
+                seen.add(u)
+                first = u.args[0] if u.args else None
+                name = target_name(u)
+                if u.op == "call_module" and first is cur:
+                    m = self.root.get_submodule(str(u.target))
+                    if isinstance(m, nn.modules.conv._ConvNd):
+                        return 1
+                    if isinstance(m, nn.Linear):
+                        return last
+                if first is cur and (name == "linear" or (
+                        name in ("matmul", "mm") and len(u.args) == 2
+                        and self._weight(u.args[1]) is not None)):  # fmt: skip
+                    return last
+                v = self.values.get(u)
+                if (isinstance(v, Tensor) and v.shape == shape and name not in _MOVES
+                        and u.op != "call_module"):  # fmt: skip
+                    todo.append(u)
+        return None
 
     def _reshaped(self, ax: Axes, out: Tensor) -> Axes:
         if ax[0] is None and out.dim() >= 1 and out.shape[0] == self.batch:

@@ -33,8 +33,9 @@ Corner cases (as in torchvision's ``feature_extraction``):
   value at a point is the value its module returned and the caller's tensors are never
   overwritten.
 * **Outputs.** A model whose ``forward`` returns a tuple, list or dict is cut like any
-  other; ``output=`` says which element is the logits (default: the first element of a
-  tuple, the ``"logits"`` entry of a dict). The halves return the logits only.
+  other; ``output=`` says which element is the logits (default: the ``"logits"`` entry of
+  a dict or named tuple; a tuple of several elements must name it). The halves return
+  the logits only.
 * **Activation layouts.** :meth:`TracedModel.formats` runs the graph once on example
   inputs and follows the channel axis through every operation (convolutions and
   BatchNorm put it first, Linear and LayerNorm last, ``permute``/``transpose``/
@@ -151,6 +152,9 @@ class _Traced:
     rejected: dict[str, str] = field(default_factory=dict)  # name -> why it is no point
     constants: dict[str, object] = field(default_factory=dict)  # tracer-made attributes
     position: dict[fx.Node, int] = field(default_factory=dict)  # node -> execution order
+    bases: dict[fx.Node, fx.Node] = field(default_factory=dict)  # node -> memory it may share
+    mutations: list[tuple[fx.Node, fx.Node]] = field(default_factory=list)  # (op, modified)
+    head: str | None = None  # the module whose input is the pre_logits point
 
 
 _HEAD_NAMES = ("head", "heads", "classifier", "fc")
@@ -189,17 +193,59 @@ def _ancestors(roots: Iterable[fx.Node], stop: fx.Node | None = None) -> set[fx.
     return seen
 
 
+_END = 1 << 62
+
+
+def _with_mutations(
+    t: _Traced, keep: set[fx.Node], lo: int = -1, hi: int = _END, stop: fx.Node | None = None
+) -> set[fx.Node]:
+    """``keep`` plus every in-place operation placed between positions ``lo`` and ``hi``
+    that modifies memory a kept value may share (``h.mul_(0.5)`` whose result is unused),
+    with the nodes those operations read (not through ``stop``)."""
+    keep = set(keep)
+    pending = [(m, target) for m, target in t.mutations if lo < t.position[m] < hi]
+    while pending:
+        bases = {t.bases[n] for n in keep}
+        hit = [(m, tg) for m, tg in pending if m not in keep and t.bases[tg] in bases]
+        if not hit:
+            break
+        for m, _ in hit:
+            keep |= _ancestors([m], stop=stop)
+        pending = [(m, tg) for m, tg in pending if m not in keep]
+    return keep
+
+
+def _back_keep(t: _Traced, node: fx.Node, roots: Sequence[fx.Node]) -> set[fx.Node]:
+    """The nodes a back cut at ``node`` runs to compute ``roots`` (``node`` included)."""
+    return _with_mutations(
+        t, _ancestors(roots, stop=node), lo=t.position[node], stop=node
+    )
+
+
 def _cut_problem(t: _Traced, node: fx.Node) -> str | None:
     """Why cutting at ``node`` is not exact, or None when it is."""
     if t.logits is node:
         return "it is the model's output, so the back would be empty"
-    needed = _ancestors([t.logits], stop=node)
-    if node not in needed:
+    plain = _ancestors([t.logits], stop=node)
+    if node not in plain:
         return "the output does not depend on it"
-    if any(n.op == "placeholder" for n in needed):
+    if any(n.op == "placeholder" for n in plain):
         return (
             "later layers also use activations from before it (a residual branch that "
             "crosses the cut, or the input itself); cut at the enclosing block's output"
+        )
+    needed = _back_keep(t, node, [t.logits])
+    if any(n.op == "placeholder" for n in needed):
+        here = t.position[node]
+        ops = [
+            m for m, tg in t.mutations
+            if m in needed and t.position[m] > here and t.position[tg] < here
+        ]  # fmt: skip
+        what = ", ".join(f"{target_name(m)} ({m.name})" for m in ops[:3]) or "an in-place op"
+        return (
+            f"the in-place operation {what} after it modifies a tensor computed before it "
+            "that its activation may share memory with, which a back half cannot "
+            "reproduce; cut at a later point"
         )
     return None
 
@@ -228,8 +274,18 @@ def _select_output(out, output: OutputSelector, model_name: str):
                     f"{list(out._fields)}; {output!r} is not one of them."
                 )
             return getattr(out, output)
-        if output is None:
+        if output is None and hasattr(out, "_fields") and "logits" in out._fields:
+            return out.logits  # torchvision's GoogLeNet/Inception outputs in train mode
+        if output is None and len(out) == 1:
             output = 0
+        if output is None:
+            raise SplitError(
+                f"{model_name}.forward returns a {type(out).__name__} of {len(out)} elements; "
+                "stitchlab does not guess which one is the logits (a (features, logits) "
+                "pair would be scored on its features): pass output=<index> (for a model "
+                "given as a reference, wrap it: stitchlab.splitting.LogitsOnly(model, "
+                "output=<index>))."
+            )
         if not isinstance(output, int) or not -len(out) <= output < len(out):
             raise SplitError(
                 f"{model_name}.forward returns a {type(out).__name__} of {len(out)} elements; "
@@ -247,8 +303,9 @@ def _select_output(out, output: OutputSelector, model_name: str):
 def select_logits(out, output: OutputSelector = None, model_name: str = "the model") -> Tensor:
     """The logits tensor in what a model returned (a tensor, tuple, list or dict).
 
-    ``output`` names the element (an index or a key); by default the first element of a
-    tuple or list and the ``"logits"`` entry of a dict or Hugging Face output.
+    ``output`` names the element (an index or a key); by default the ``"logits"`` entry of
+    a dict, Hugging Face output or named tuple, and the only element of a 1-tuple; a tuple
+    of several elements without ``output`` is an error (it is not guessed).
     """
     sel = _select_output(out, output, model_name)
     if not isinstance(sel, Tensor):
@@ -356,6 +413,13 @@ def _trace(
     )
     t.constants = {k: v for k, v in constants.items() if not _has_attr(model, k)}
     position = t.position = {n: i for i, n in enumerate(graph.nodes)}
+    for n in graph.nodes:  # which memory each value may share, and what each op modifies
+        first = n.args[0] if n.args and isinstance(n.args[0], fx.Node) else None
+        shared = first is not None and _aliases_input(n, model)
+        t.bases[n] = t.bases.get(first, first) if shared else n  # type: ignore[assignment]
+        target = _mutated_input(n, model)
+        if target is not None:
+            t.mutations.append((n, target))
     named: list[tuple[int, str, fx.Node]] = []
     for name, outs in tracer.module_outputs.items():
         if len(outs) != 1:
@@ -388,6 +452,7 @@ def _trace(
         if head_in and len(head_in) == 1 and head_in[0] and isinstance(head_in[0][0], fx.Proxy):
             feats = head_in[0][0].node
             named.append((position[feats], prefix + PRE_LOGITS, feats))
+            t.head = prefix + head
             break
     seen_nodes: set[fx.Node] = set()
     problems: dict[fx.Node, str | None] = {}
@@ -634,7 +699,7 @@ def _graph_module(t: _Traced, graph: fx.Graph, name: str) -> fx.GraphModule:
 
 
 def _build_front(t: _Traced, node: fx.Node) -> fx.GraphModule:
-    keep = _ancestors([node])
+    keep = _with_mutations(t, _ancestors([node]), hi=t.position[node])
     g = fx.Graph()
     env: dict[fx.Node, fx.Node] = {}
     for n in t.graph.nodes:
@@ -669,7 +734,7 @@ def _copy_graph(
 
 def _build_back(t: _Traced, node: fx.Node, taps: dict[str, fx.Node]) -> fx.GraphModule:
     roots = [t.logits, *taps.values()]
-    keep = _ancestors(roots, stop=node)
+    keep = _back_keep(t, node, roots)
     g = fx.Graph()
     placeholder = g.placeholder("activation")
     after = [n for n in t.graph.nodes if n in keep and n is not node and n.op != "output"]
@@ -689,7 +754,7 @@ def _build_back(t: _Traced, node: fx.Node, taps: dict[str, fx.Node]) -> fx.Graph
 
 
 def _build_tapped(t: _Traced, nodes: dict[str, fx.Node]) -> fx.GraphModule:
-    keep = _ancestors([t.logits, *nodes.values()])
+    keep = _with_mutations(t, _ancestors([t.logits, *nodes.values()]))
     g = fx.Graph()
     env: dict[fx.Node, fx.Node] = {}
     tap_out = _copy_graph(t, keep, env, g, nodes)
@@ -700,7 +765,7 @@ def _build_tapped(t: _Traced, nodes: dict[str, fx.Node]) -> fx.GraphModule:
 
 
 def _build_logits(t: _Traced) -> fx.GraphModule:
-    keep = _ancestors([t.logits])
+    keep = _with_mutations(t, _ancestors([t.logits]))
     g = fx.Graph()
     env: dict[fx.Node, fx.Node] = {}
     _copy_graph(t, keep, env, g, {})
@@ -761,7 +826,12 @@ class TracedModel:
         model: any ``nn.Module`` whose forward takes one input.
         leaf_modules: module classes not to trace into (they become single graph nodes).
         output: which element of the forward's result is the logits (an index or a key;
-            default: a tensor itself, a tuple's first element, a dict's ``"logits"``).
+            default: a tensor itself, a dict's or named tuple's ``"logits"``; required for
+            a tuple of several elements).
+        example: a batch of inputs on which every cut is checked (see :meth:`verify`);
+            by default 2 random inputs of the shape the model declares or its first
+            layer takes, else the first batch :meth:`formats` sees.
+        verify: check the trace and every cut against the whole model (default).
     """
 
     def __init__(
@@ -770,14 +840,41 @@ class TracedModel:
         *,
         leaf_modules: Sequence[type] | type = (),
         output: OutputSelector = None,
+        example: Tensor | None = None,
+        verify: bool = True,
     ) -> None:
         if not isinstance(model, nn.Module):
             raise TypeError(f"expected an nn.Module, got {type(model).__name__}")
         self.model = model
         self.leaf_modules = _as_leaf_types(leaf_modules)
         self.output = output
+        self.verifies = bool(verify)
         self._by_mode: dict[bool, _Traced] = {}
+        self._refs: dict[bool, tuple[Tensor, dict[str, Tensor]]] = {}
+        self._example: Tensor | None = None
+        self._no_example = ""  # why no example batch could be made
         self.sequential = False
+        self._trace_both()
+        if not self.verifies:
+            return
+        if example is not None:
+            self.verify(example)
+            return
+        inferred = _example_input(self)
+        if inferred is None:
+            self._no_example = "stitchlab cannot tell what input it takes"
+            return
+        try:
+            self.verify(inferred)
+        except _ModelFailed as exc:  # the guess was wrong: wait for a real example
+            self._no_example = (
+                f"it does not run on an input of shape {tuple(inferred.shape)} guessed from "
+                f"its first layer ({exc})"
+            )
+
+    def _trace_both(self) -> None:
+        model = self.model
+        output = self.output
         try:
             with modes(model, training=False):
                 self._by_mode[False] = _trace(model, self.leaf_modules, output)
@@ -851,7 +948,7 @@ class TracedModel:
         if self.same_in_both_modes:
             return ev
         sw = _ModeSwitch(build(self._by_mode[True]), ev)
-        sw.train(self.model.training)
+        sw.training = self.model.training  # its own flag only: the model's flags stay
         return sw
 
     def _later(self, point: str, taps) -> list[str]:
@@ -873,7 +970,9 @@ class TracedModel:
         returns ``(logits, {point: activation})`` from the same pass.
         """
         if self.sequential:
-            return _split_sequential(self.model, point, taps)  # type: ignore[arg-type]
+            halves = _split_sequential(self.model, point, taps)  # type: ignore[arg-type]
+            self._check_halves(point, *halves, list(halves[1].tap_names))
+            return halves
         self._check_point(point)
         tap_names = self._later(point, taps)
         for name in tap_names:
@@ -889,7 +988,9 @@ class TracedModel:
         def back(t: _Traced) -> fx.GraphModule:
             return _build_back(t, t.points[point], {n: t.points[n] for n in tap_names})
 
-        return self._both(front), self._both(back)
+        halves = self._both(front), self._both(back)
+        self._check_halves(point, *halves, tap_names)
+        return halves
 
     def tap(self, points: Sequence[str]) -> nn.Module:
         """The model returning ``(logits, {point: activation})`` in one pass from the input."""
@@ -900,13 +1001,192 @@ class TracedModel:
             return _SequentialBack(list(self.model.named_children()), list(points))
         for p in points:
             self._check_point(p)
-        return self._both(lambda t: _build_tapped(t, {p: t.points[p] for p in points}))
+        tapped = self._both(lambda t: _build_tapped(t, {p: t.points[p] for p in points}))
+        self._check_halves(None, None, tapped, list(points))
+        return tapped
 
     def logits_model(self) -> nn.Module:
         """The whole model returning only its logits (the selected output)."""
         if self.sequential:
             return self.model
         return self._both(_build_logits)
+
+    # -- verification -------------------------------------------------------------
+    def _modes_checked(self) -> list[bool]:
+        return [False] if self.same_in_both_modes or self.sequential else [False, True]
+
+    def _point_names(self, training: bool) -> list[str]:
+        if self.sequential:
+            return [n for n, _ in self.model.named_children()]
+        return list(self._by_mode[training].points)
+
+    def verify(self, example: Tensor) -> None:
+        """Check the trace on ``example`` (a batch of inputs), in eval mode (and in train
+        mode where that graph differs): the traced graph's output must equal the model's
+        own (else :class:`SplitError`), and the value at each point must equal what its
+        module returns inside the whole model (a point where it does not is no longer
+        offered). Every later cut (:meth:`split`, :meth:`tap`) is checked on the same
+        batch. The model's parameters, buffers, attributes and modes are unchanged."""
+        if not isinstance(example, Tensor):
+            raise TypeError(f"example must be a batch tensor, got {type(example).__name__}")
+        name = type(self.model).__name__
+        refs: dict[bool, tuple[Tensor, dict[str, Tensor]]] = {}
+        for training in self._modes_checked():
+            try:
+                refs[training] = self._reference(example, training)
+            except SplitError:
+                raise
+            except Exception as exc:
+                raise _ModelFailed(f"{type(exc).__name__}: {_first_line(exc)}") from exc
+        for training, (logits, values) in refs.items():
+            if self.sequential:
+                continue
+            t = self._by_mode[training]
+            names = list(t.points)
+            tapped = _build_tapped(t, {p: t.points[p] for p in names})
+            with _checking(self.model, training, example, tapped):
+                got, acts = tapped(example)
+            diff = _difference(got, logits)
+            if diff is not None:
+                raise SplitError(
+                    f"The torch.fx trace of {name} does not reproduce its output on the "
+                    f"example batch ({diff}, {_mode(training)} mode): its forward does "
+                    "something the trace does not record (Python control flow on values, "
+                    "state kept between calls). Make the module that does it a leaf "
+                    "(leaf_modules=(ItsClass,))."
+                )
+            for p in names:
+                why = (
+                    "its module does not run in the model's forward"
+                    if p not in values
+                    else _difference(acts[p], values[p])
+                )
+                if why is not None:
+                    for tr in self._by_mode.values():
+                        tr.points.pop(p, None)
+                        tr.order = [q for q in tr.order if q != p]
+                        tr.rejected[p] = (
+                            f"the traced value there differs from what its module returns "
+                            f"in the model ({why}, {_mode(training)} mode)"
+                        )
+        self._refs = refs
+        self._example = example
+
+    def _reference(self, x: Tensor, training: bool) -> tuple[Tensor, dict[str, Tensor]]:
+        """The model's own logits on ``x`` and the value each point's module returns."""
+        values: dict[str, Tensor] = {}
+        head = None if self.sequential else self._by_mode[training].head
+
+        def keep(name: str, value) -> None:
+            if name not in values and isinstance(value, Tensor):
+                values[name] = value.detach().clone()
+
+        handles = []
+        try:
+            for p in self._point_names(training):
+                if not self.sequential and p.endswith(PRE_LOGITS) and head is not None:
+                    m = self.model.get_submodule(head)
+                    handles.append(m.register_forward_pre_hook(
+                        lambda _m, args, p=p: keep(p, args[0] if args else None)))  # fmt: skip
+                else:
+                    m = self.model.get_submodule(p)
+                    handles.append(m.register_forward_hook(
+                        lambda _m, _i, out, p=p: keep(p, out)))  # fmt: skip
+            with _checking(self.model, training, x):
+                out = self.model(x)
+        finally:
+            for h in handles:
+                h.remove()
+        logits = select_logits(out, self.output, type(self.model).__name__)
+        return logits.detach().clone(), values
+
+    def check_split(self, example: Tensor, point: str, front: nn.Module, back: nn.Module) -> None:
+        """Check halves of :meth:`split` (made unchecked, ``verify=False``) on ``example``:
+        what :meth:`verify` and a checked :meth:`split` do, once the data is known."""
+        if self._example is not example:
+            self.verify(example)
+        self._check_halves(point, front, back, list(getattr(back, "tap_names", [])), True)
+
+    def _ensure_verified(self) -> bool:
+        if not self.verifies:
+            return False
+        if not self._refs:
+            raise SplitError(
+                f"Cannot check the split of {type(self.model).__name__}: "
+                f"{self._no_example or 'no example batch'}. Pass example=<a batch of the "
+                "inputs it takes> (or verify=False to use the halves unchecked)."
+            )
+        return True
+
+    def _check_halves(
+        self,
+        point: str | None,
+        front: nn.Module | None,
+        back: nn.Module,
+        tap_names: Sequence[str],
+        force: bool = False,
+    ) -> None:
+        """Run the halves on the example batch and compare them with the whole model."""
+        if not force and not self._ensure_verified():
+            return
+        x = self._example
+        name = type(self.model).__name__
+        for training, (logits, values) in self._refs.items():
+            mods = [m for m in (front, back) if m is not None]
+            with _checking(self.model, training, x, *mods):
+                act = front(x) if front is not None else x
+                out = back(act)
+            where = f"{_mode(training)} mode"
+            if front is not None and point in values:
+                diff = _difference(act, values[point])
+                if diff is not None:
+                    raise SplitError(
+                        f"Cutting {name} at {point!r} is not exact: the front's activation "
+                        f"differs from what {point!r} returns in the model ({diff}, {where})."
+                        + self._missing(point, training, front=True)
+                    )
+            acts: Mapping[str, Tensor] = {}
+            if tap_names:
+                out, acts = out
+            diff = _difference(out, logits)
+            if diff is not None:
+                at = f"at {point!r}" if point is not None else "with taps"
+                raise SplitError(
+                    f"Cutting {name} {at} is not exact: the halves' output differs from "
+                    f"the model's own on the example batch ({diff}, {where})."
+                    + (self._missing(point, training) if point is not None else "")
+                )
+            for p in tap_names:
+                diff = _difference(acts.get(p), values.get(p))
+                if diff is not None:
+                    raise SplitError(
+                        f"Cutting {name}: the tap at {p!r} differs from what {p!r} returns "
+                        f"in the model ({diff}, {where})."
+                        + (self._missing(point, training) if point is not None else "")
+                    )
+
+    def _missing(self, point: str, training: bool, front: bool = False) -> str:
+        """The operations of the graph on the far side of ``point`` that a half leaves out."""
+        if self.sequential:
+            return ""
+        t = self._by_mode[training]
+        node = t.points[point]
+        here = t.position[node]
+        if front:
+            kept = _with_mutations(t, _ancestors([node]), hi=here)
+            side = [n for n in t.graph.nodes if t.position[n] < here]
+        else:
+            kept = _back_keep(t, node, [t.logits])
+            side = [n for n in t.graph.nodes if t.position[n] > here]
+        left = [
+            f"{target_name(n)} ({n.name})" for n in side
+            if n not in kept and n.op in ("call_function", "call_method", "call_module")
+        ]  # fmt: skip
+        half = "front" if front else "back"
+        if not left:
+            return f" The {half} runs every operation of the traced graph on its side."
+        more = f" and {len(left) - 8} more" if len(left) > 8 else ""
+        return f" Operations the {half} does not reproduce: {', '.join(left[:8])}{more}."
 
     # -- formats ------------------------------------------------------------------
     @torch.no_grad()
@@ -925,9 +1205,22 @@ class TracedModel:
         """
         from .layers import ActivationSpec
 
+        if self.verifies and not self._refs:
+            self.verify(example)
         points = list(self.points() if points is None else points)
         layouts = dict(layouts or {})
+        if self.sequential:
+            known = set(self.all_points()) | {n for n, _ in self.model.named_children()}
+        else:
+            known = set(self._eval.points) | set(self._eval.rejected)
         for p, lay in layouts.items():
+            if p not in known:
+                hint = _closest(str(p), sorted(known))
+                raise SplitError(
+                    f"layouts names {p!r}, which is no point of {type(self.model).__name__}"
+                    + (f" (did you mean {hint!r}?)" if hint else "")
+                    + "; name the points whose layout you give (stitchlab layers lists them)."
+                )
             if lay not in LAYOUTS:
                 raise SplitError(
                     f"layout of {p!r} must be one of {', '.join(LAYOUTS)}; got {lay!r}"
@@ -956,6 +1249,13 @@ class TracedModel:
                     ) from exc
             values = {p: prop.values.get(val_map[t.points[p]]) for p in points}
             axes = {p: prop.axes.get(val_map[t.points[p]]) for p in points}
+            unknown = {
+                p: val_map[t.points[p]] for p in points
+                if isinstance(values[p], Tensor) and not _followed(axes[p])
+            }  # fmt: skip
+            if unknown:  # where the graph cannot be followed: probe
+                with modes(self.model, training=False):
+                    axes.update(_probe(gm, prop, example, unknown, axes))
         out: dict[str, PointFormat] = {}
         batch = example.shape[0]
         for p in points:
@@ -977,6 +1277,203 @@ class TracedModel:
             spec = ActivationSpec.of(value, prefix_tokens, layout=lay) if lay else None
             out[p] = PointFormat(p, shape, spec, why)
         return out
+
+
+class _ModelFailed(SplitError):
+    """The model itself raised on the example batch."""
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _mode(training: bool) -> str:
+    return "train" if training else "eval"
+
+
+def _difference(got, want) -> str | None:
+    """None when ``got`` equals ``want`` up to float rounding, else what differs."""
+    if not isinstance(got, Tensor) or not isinstance(want, Tensor):
+        return f"got {type(got).__name__} where a tensor was expected"
+    if got.shape != want.shape:
+        return f"shape {tuple(got.shape)} instead of {tuple(want.shape)}"
+    if got.dtype == want.dtype and torch.equal(got, want):  # the same operations: bitwise
+        return None
+    if not got.is_floating_point() or not want.is_floating_point():
+        return None if torch.equal(got, want) else "integer values differ"
+    g, w = got.detach().double(), want.detach().double()
+    finite = torch.isfinite(w)
+    if not torch.equal(finite, torch.isfinite(g)) or not torch.equal(
+        torch.isnan(g), torch.isnan(w)
+    ):
+        return "non-finite values at other places"
+    if not bool(finite.any()):
+        return None
+    err = float((g - w)[finite].abs().max())
+    scale = float(w[finite].abs().max())
+    if err <= 1e-6 + 1e-5 * scale:
+        return None
+    return f"largest difference {err:.3g} on values up to {scale:.3g}"
+
+
+@contextlib.contextmanager
+def _checking(model: nn.Module, training: bool, x: Tensor, *halves: nn.Module) -> Iterator[None]:
+    """A deterministic, side-effect-free run of ``model`` (or its halves) in one mode: no
+    gradients, the random generator seeded (train-mode dropout draws the same masks in
+    every run) and restored, and the model's buffers (BatchNorm statistics),
+    attributes and train/eval flags as they were before."""
+    devices = [x.device.index or 0] if x.device.type == "cuda" else []
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(torch.no_grad())
+        stack.enter_context(torch.random.fork_rng(devices=devices))
+        stack.enter_context(_unchanged_tensors(model))
+        stack.enter_context(_preserved_state(model))
+        stack.enter_context(modes(model, *halves, training=training))
+        for h in halves:  # a _ModeSwitch picks its graph by its own flag
+            h.train(training)
+        torch.manual_seed(0)
+        yield
+
+
+@contextlib.contextmanager
+def _unchanged_tensors(model: nn.Module) -> Iterator[None]:
+    """Buffers a run modifies (BatchNorm statistics in train mode) are restored; a
+    parameter modified in place is an error (it cannot be checked, nor stitched)."""
+    buffers = [(b, b.detach().clone()) for b in model.buffers()]
+    params = [(n, p, p._version) for n, p in model.named_parameters()]
+    try:
+        yield
+    finally:  # every buffer (kernels update BatchNorm statistics without a version bump)
+        with torch.no_grad():
+            for b, saved in buffers:
+                b.copy_(saved)
+    changed = [n for n, p, version in params if p._version != version]
+    if changed:
+        raise SplitError(
+            f"{type(model).__name__} modifies its parameter {changed[0]!r} in place when it "
+            "runs; stitchlab splits models whose weights a forward pass leaves unchanged."
+        )
+
+
+def _example_input(tm: TracedModel) -> Tensor | None:
+    """A batch of 2 random inputs of the shape ``tm.model`` declares (``stitchlab_input_shape``,
+    timm's or torchvision's input size) or its first layer takes; None when unknown."""
+    from .models import default_input_size
+
+    model = tm.model
+    shape: tuple[int, ...] | None = None
+    declared = getattr(model, "stitchlab_input_shape", None)
+    if isinstance(declared, (tuple, list)) and declared:
+        shape = tuple(int(s) for s in declared)
+    else:
+        size = default_input_size(model)
+        if size:
+            shape = tuple(int(s) for s in size)
+    first: nn.Module | None = None
+    if tm.sequential:
+        first = next(iter(model.children()), None)
+        while first is not None and not isinstance(first, _INPUT_LAYERS):
+            first = next(iter(first.children()), None)
+    else:
+        t = tm._eval
+        for n in t.graph.nodes:
+            if n.op == "call_module" and t.input in _ancestors([n]):
+                m = model.get_submodule(str(n.target))
+                if isinstance(m, _INPUT_LAYERS):
+                    first = m
+                break
+    param = next(iter(model.parameters()), None)
+    device = param.device if param is not None else torch.device("cpu")
+    dtype = param.dtype if param is not None and param.is_floating_point() else torch.float32
+    gen = torch.Generator().manual_seed(0)
+    if shape is None and isinstance(first, nn.Embedding):
+        idx = torch.randint(0, first.num_embeddings, (2, 8), generator=gen)
+        return idx.to(device)
+    if shape is None and first is not None:
+        if isinstance(first, nn.Linear):
+            shape = (first.in_features,)
+        elif isinstance(first, nn.LayerNorm):
+            shape = tuple(first.normalized_shape)
+        elif isinstance(first, (nn.modules.conv._ConvNd, nn.modules.batchnorm._BatchNorm)):
+            c = first.in_channels if hasattr(first, "in_channels") else first.num_features
+            dims = {nn.Conv1d: 1, nn.Conv3d: 3, nn.BatchNorm1d: 0, nn.BatchNorm3d: 3}
+            k = next((v for cls, v in dims.items() if isinstance(first, cls)), 2)
+            shape = (int(c), *([{1: 64, 2: 32, 3: 16}.get(k, 0)] * k))
+    if shape is None:
+        return None
+    return torch.rand(2, *shape, generator=gen).to(device=device, dtype=dtype)
+
+
+_INPUT_LAYERS = (
+    nn.modules.conv._ConvNd, nn.Linear, nn.LayerNorm, nn.modules.batchnorm._BatchNorm,
+    nn.Embedding,
+)  # fmt: skip
+
+
+def _followed(ax) -> bool:
+    return isinstance(ax, tuple) and len(ax) == 2 and ax[0] is not None and ax[1] is not None
+
+
+class _Capture(fx.Interpreter):
+    """Runs a graph and keeps the values of some nodes."""
+
+    def __init__(self, gm: fx.GraphModule, nodes: Iterable[fx.Node]) -> None:
+        super().__init__(gm)
+        self.wanted = set(nodes)
+        self.values: dict[fx.Node, object] = {}
+
+    def run_node(self, n: fx.Node):  # noqa: D102
+        out = super().run_node(n)
+        if n in self.wanted:
+            self.values[n] = out
+        return out
+
+
+def _probe(
+    gm: fx.GraphModule, prop: LayoutProp, example: Tensor, nodes: dict[str, fx.Node], axes
+) -> dict[str, Axes]:
+    """Axes the graph could not follow, found by probing: the batch axis is the one axis
+    along which only index 0 changes when only sample 0 of the input changes; the channel
+    axis is the one the first channel map reading the value acts on (a convolution's axis
+    1, a Linear's or ``x @ W``'s last). What a probe cannot decide stays unknown."""
+    batch = example.shape[0]
+    other: dict[fx.Node, object] = {}
+    if batch >= 2 and example.is_floating_point():
+        x2 = example.clone()
+        x2[0] = example[1] if not torch.equal(example[0], example[1]) else 1.0 - example[0]
+        run = _Capture(gm, nodes.values())
+        try:
+            run.run(x2)
+            other = run.values
+        except Exception:  # noqa: BLE001 - a probe that fails decides nothing
+            other = {}
+    out: dict[str, Axes] = {}
+    for p, node in nodes.items():
+        ax = axes.get(p)
+        b, c = ax if isinstance(ax, tuple) and len(ax) == 2 and ax[0] != "elements" else _UNKNOWN
+        if b is None:
+            b = _batch_axis(prop.values.get(node), other.get(node), batch)
+        if c is None and b is not None:
+            c = prop.consumer_channel(node)
+            if c == b:
+                c = None
+        out[p] = (b, c)
+    return out
+
+
+def _batch_axis(a, b, batch: int) -> int | None:
+    """The axis along which ``a`` and ``b`` differ at index 0 only (None: not one)."""
+    if not isinstance(a, Tensor) or not isinstance(b, Tensor) or a.shape != b.shape:
+        return None
+    diff = a != b
+    if not bool(diff.any()):
+        return None
+    found = [
+        k for k in range(a.dim())
+        if a.shape[k] == batch and not bool(diff.movedim(k, 0)[1:].any())
+    ]  # fmt: skip
+    return found[0] if len(found) == 1 else None
 
 
 def _graph_code(t: _Traced) -> str:
@@ -1078,6 +1575,14 @@ def stitch_points(
     return TracedModel(model, leaf_modules=leaf_modules, output=output).points(which)
 
 
+_CHECK_DOC = """
+    Every cut checks itself on ``example`` (a batch of inputs; by default 2 random inputs
+    of the shape the model declares or its first layer takes): the halves' output must
+    equal the model's own and each tap the value the whole model computes there, else a
+    :class:`SplitError` names the point and the operations the back leaves out
+    (``verify=False`` skips the check)."""
+
+
 def split(
     model: nn.Module,
     point: str,
@@ -1085,6 +1590,8 @@ def split(
     taps: Sequence[str] | str | None = None,
     leaf_modules: Sequence[type] | type = (),
     output: OutputSelector = None,
+    example: Tensor | None = None,
+    verify: bool = True,
 ) -> tuple[nn.Module, nn.Module]:
     """Cut ``model`` after ``point``: ``back(front(x))`` equals ``model(x)`` (the logits).
 
@@ -1094,7 +1601,13 @@ def split(
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"split expects an nn.Module, got {type(model).__name__}")
-    return TracedModel(model, leaf_modules=leaf_modules, output=output).split(point, taps=taps)
+    tm = TracedModel(
+        model, leaf_modules=leaf_modules, output=output, example=example, verify=verify
+    )
+    return tm.split(point, taps=taps)
+
+
+split.__doc__ = (split.__doc__ or "").rstrip() + "\n" + _CHECK_DOC
 
 
 def later_points(
@@ -1105,7 +1618,9 @@ def later_points(
     output: OutputSelector = None,
 ) -> list[str]:
     """The stitch points of ``model`` that come after ``point`` (FuLA's default set)."""
-    _, back = split(model, point, taps="later", leaf_modules=leaf_modules, output=output)
+    _, back = split(
+        model, point, taps="later", leaf_modules=leaf_modules, output=output, verify=False
+    )
     return list(back.tap_names)
 
 
@@ -1115,9 +1630,15 @@ def tap_model(
     *,
     leaf_modules: Sequence[type] | type = (),
     output: OutputSelector = None,
+    example: Tensor | None = None,
+    verify: bool = True,
 ) -> nn.Module:
-    """``model`` returning ``(logits, {point: activation})`` in one pass from the input."""
-    return TracedModel(model, leaf_modules=leaf_modules, output=output).tap(points)
+    """``model`` returning ``(logits, {point: activation})`` in one pass from the input
+    (checked on ``example`` as :func:`split` is)."""
+    tm = TracedModel(
+        model, leaf_modules=leaf_modules, output=output, example=example, verify=verify
+    )
+    return tm.tap(points)
 
 
 def activation_formats(
@@ -1131,5 +1652,5 @@ def activation_formats(
 ) -> dict[str, PointFormat]:
     """Shape and format (layout: NCHW, NHWC, NCL, NLC, NC) of the activation at each point,
     from one eval-mode pass of ``model`` on ``example`` (a batch)."""
-    tm = TracedModel(model, leaf_modules=leaf_modules, output=output)
+    tm = TracedModel(model, leaf_modules=leaf_modules, output=output, example=example)
     return tm.formats(example, points, layouts=layouts)

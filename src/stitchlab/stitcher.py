@@ -34,13 +34,13 @@ from torch import Tensor, nn
 from torch.utils.data import Dataset, TensorDataset
 
 from ._batchnorm import folded
+from ._checks import check_device
 from ._data import (
     DataLike,
     _module_device,
     _triple,
     as_dataset,
     batches,
-    check_labels,
 )
 from ._memory_format import channels_last
 from .activations import BackTargets, StitchingSet
@@ -50,7 +50,7 @@ from .fit import UNDERDETERMINED_RIDGE, EpochBatches, TrainingConfig, images_nee
 from .layers import ActivationSpec, StitchLayer, fit_least_squares
 from .objectives import Objective, make_objective
 from .protocols import Protocol, Standard, as_protocol
-from .splitting import OutputSelector, TracedModel
+from .splitting import LogitsOnly, OutputSelector, TracedModel
 from .stitched import StitchedModel, StitchRecord
 
 log = logging.getLogger("stitchlab.stitcher")
@@ -150,7 +150,7 @@ class Stitcher:
         _check_float32(back_model, "back")
         self.point = point
         self.back_point = point if back_point is None else back_point
-        self.device = torch.device(device) if device is not None else _module_device(front_model)
+        self.device = check_device(device) if device is not None else _module_device(front_model)
         self.leaf_modules = tuple(leaf_modules)
         self.output = output
         self.layouts = layouts
@@ -162,15 +162,17 @@ class Stitcher:
         self.back_model = (
             self.front_model if same else _freeze(copy.deepcopy(back_model)).to(self.device).eval()
         )
+        # the halves are checked against the whole models on the first data (setup)
         traced_front = TracedModel(self.front_model, leaf_modules=self.leaf_modules,
-                                   output=front_output)  # fmt: skip
+                                   output=front_output, verify=False)  # fmt: skip
         self._traced_front = traced_front
         self._traced_back = (
             traced_front
             if same and back_output == front_output
-            else TracedModel(self.back_model, leaf_modules=self.leaf_modules, output=back_output)
+            else TracedModel(self.back_model, leaf_modules=self.leaf_modules, output=back_output,
+                             verify=False)  # fmt: skip
         )
-        self._front, _ = traced_front.split(point)
+        self._front, self._front_rest = traced_front.split(point)
         self._back_prefix, self._back = self._traced_back.split(self.back_point, taps="later")
         self.later_points: list[str] = list(self._back.tap_names)
         self._specs: tuple[ActivationSpec, ActivationSpec] | None = None
@@ -211,6 +213,7 @@ class Stitcher:
         dataset = as_dataset(data, "data")[0]
         x0 = torch.stack([dataset[i % len(dataset)][0] for i in range(3)]).to(self.device)  # type: ignore[arg-type]
         point, back_point = self.point, self.back_point
+        _check_splits(self, x0)
         if self._traced_back is self._traced_front:  # one pass gives both formats
             if isinstance(self.layouts, tuple):
                 raise TypeError("one model on both sides: give one layouts mapping, not a pair")
@@ -319,10 +322,11 @@ class Stitcher:
                                 sset.batch_size, real=sset.real)  # fmt: skip
             return twin.fit(obj, tset, settings=cfg, init=init, init_data=init_data)
         obj.bind(self.back_point, self.later_points)
-        if "labels" in obj.target_keys:  # HLM: the labels must be classes of the back model
-            from .data import labels_of
+        # the labels must be classes of the back model (HLM trains on them)
+        from ._checks import check_class_labels
+        from .data import labels_of
 
-            check_labels(labels_of(sset.dataset), "data", num_classes=self.num_classes)
+        check_class_labels(labels_of(sset.dataset), self.num_classes, "data")
         with torch.random.fork_rng(devices=_cuda_devices(self.device)):
             torch.manual_seed(cfg.seed)
             return self._fit(obj, sset, cfg, init, init_data)
@@ -374,7 +378,8 @@ class Stitcher:
                 raise ValueError("an attack needs the test inputs, not front activations")
             data = TensorDataset(test_data.activations, test_data.labels)
             return _evaluate(_OnActivations(model), data, reference, batch_size=batch_size)
-        ref = self.back_model if reference is None else reference
+        ref = (LogitsOnly(self.back_model, self._traced_back.output) if reference is None
+               else reference)  # fmt: skip
         return _evaluate(model, test_data, ref, batch_size=batch_size, attack=attack)
 
     # --------------------------------------------------------------- internals
@@ -633,7 +638,8 @@ def stitch(
         protocol, iris=iris, branches=iris_branches, cache=iris_cache, options=iris_options,
         recipe=iris_recipe, allow_flagged=allow_flagged_iris,
     )  # fmt: skip
-    device = torch.device(cfg.device) if cfg.device is not None else _module_device(front_model)
+    device = (check_device(cfg.device) if cfg.device is not None
+              else _module_device(front_model))  # fmt: skip
     stitcher = Stitcher(front_model, back_model, point, back_point, leaf_modules=leaf_modules,
                         output=output, layouts=layouts, device=device)  # fmt: skip
     return stitcher.fit(obj, data, protocol=proto, settings=cfg, init_data=init_data)
@@ -712,6 +718,22 @@ def _check_float32(model: nn.Module, what: str) -> None:
                 f"The {what} model has {p.dtype} weights ({name}); stitchlab stitches float32 "
                 f"models. Convert it with model.float() first."
             )
+
+
+def _check_splits(st: Stitcher, x0: Tensor) -> None:
+    """Both cuts checked against their whole models on the data's first images (a model
+    that cannot run on them gets the clear error of :func:`_formats`)."""
+    from .splitting import _ModelFailed
+
+    for traced, point, front, back, what in (
+        (st._traced_front, st.point, st._front, st._front_rest, "front"),
+        (st._traced_back, st.back_point, st._back_prefix, st._back, "back"),
+    ):
+        try:
+            traced.check_split(x0, point, front, back)
+        except _ModelFailed:
+            _formats(traced, x0, [point], None, what)  # raises the clear error
+            raise
 
 
 def _formats(traced: TracedModel, x0: Tensor, points: list[str], layouts, what: str = "model"):

@@ -356,6 +356,13 @@ def _validate(raw: dict[str, Any]) -> Experiment:
         IRIRecipe.from_kwargs(**{k: v for k, v in iris.items() if k not in IRIS_SET_KEYS})
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"[iris]: {exc}") from exc
+    preset = iris.get("preset", "default")
+    if isinstance(preset, str) and preset.startswith("audio") and not speech:
+        raise ConfigError(
+            f"[iris] preset {preset!r} is for waveforms (box -1..1, STFT steps) but [data] "
+            f"kind {data['kind']!r} is images; leave preset out (stitchlab's image default) "
+            "or choose an image preset"
+        )
     if "seed" in iris and _int(iris["seed"], "[iris] seed") < 0:  # the IRIs' random start
         raise ConfigError(f"[iris] seed must be >= 0, got {iris['seed']!r}")
     if not isinstance(iris.get("per_stitch_seed", False), bool):
@@ -504,27 +511,55 @@ def _check_tracing(tracing: dict, where: str) -> dict:
     return {k: v for k, v in tracing.items() if v not in (None, [], {})}
 
 
+def _model_points(exp: Experiment, name: str, spec: dict) -> list[str]:
+    """The stitch points of a model of the config, built with its options and traced
+    with its ``output``, ``leaf_modules`` and ``layouts``: options that build empty layers
+    (``width = 0``), an ``output`` its forward does not have and layouts of points it
+    does not have are refused here, before any training."""
+    import torch
+
+    from .. import models as model_registry
+    from ..splitting import SplitError, TracedModel
+
+    where = f"[models.{name}]"
+    with torch.random.fork_rng(devices=[]):  # checking a config draws no numbers
+        try:
+            model = model_registry.create(
+                spec["arch"], num_classes=exp.data["num_classes"], **spec["options"]
+            )
+        except (TypeError, ValueError, RuntimeError) as exc:
+            raise ConfigError(f"{where} options {spec['options']}: {exc}") from None
+        empty = [n for n, p in model.named_parameters() if p.numel() == 0]
+        if empty:
+            raise ConfigError(
+                f"{where} options {spec['options']} build a {spec['arch']} with empty layers "
+                f"({empty[0]} has no weights); give sizes >= 1"
+            )
+        tracing = spec.get("tracing", {})
+        try:
+            tm = TracedModel(model, leaf_modules=tracing.get("leaf_modules", ()),
+                             output=tracing.get("output"), verify=False)  # fmt: skip
+            known = set(tm.all_points()) | set(getattr(tm._eval, "rejected", {}) or {})
+        except SplitError as exc:
+            raise ConfigError(f"{where} {exc}") from None
+    for p in tracing.get("layouts", {}):
+        if p not in known:
+            raise ConfigError(f"{where} layouts names {p!r}, which is no point of "
+                              f"{spec['arch']}")  # fmt: skip
+    return tm.points()
+
+
 def _check_points(exp: Experiment) -> dict[str, list[str]]:
     """The points of every pair, checked against the back model's stitch points."""
-    from .. import models as model_registry
-    from ..splitting import stitch_points
-
     cache: dict[str, list[str]] = {}
+    for name, spec in exp.models.items():  # every model is built and traced once
+        key = stable_hash([spec["arch"], spec["options"], spec.get("tracing", {})])
+        if key not in cache:
+            cache[key] = _model_points(exp, name, spec)
     out = {}
     for pair, spec in exp.pairs.items():
         back = exp.models[spec["back"]]
         key = stable_hash([back["arch"], back["options"], back.get("tracing", {})])
-        if key not in cache:
-            import torch
-
-            with torch.random.fork_rng(devices=[]):  # checking a config draws no numbers
-                model = model_registry.create(
-                    back["arch"], num_classes=exp.data["num_classes"], **back["options"]
-                )
-            tracing = back.get("tracing", {})
-            cache[key] = stitch_points(
-                model, leaf_modules=tracing.get("leaf_modules", ()), output=tracing.get("output")
-            )
         valid = cache[key]
         wanted = exp.stitch["points"]
         if wanted == "all":

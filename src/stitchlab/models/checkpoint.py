@@ -302,6 +302,27 @@ def _check_header_fits(path: Path, header: dict, model: nn.Module | None) -> Non
     _load_check(model, weights, path)
 
 
+def _check_description(path: Path, desc: dict[str, Any]) -> None:
+    """Refuse a (hand-edited) description whose fields that rebuild the model do not have
+    their types: ``architecture`` a name, ``num_classes`` a count >= 1, ``options`` a
+    table."""
+    arch = desc.get("architecture")
+    k = desc.get("num_classes")
+    opts = desc.get("options")
+    bad = None
+    if arch is not None and (not isinstance(arch, str) or not arch.strip()):
+        bad = f"architecture must be a model name, got {arch!r}"
+    elif k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
+        bad = f"num_classes must be a whole number >= 1, got {k!r}"
+    elif opts is not None and not isinstance(opts, dict):
+        bad = f"options must be a table of model options, got {opts!r}"
+    if bad:
+        raise CheckpointError(
+            f"The description in {str(path)!r} is not one stitchlab wrote: {bad}. Repair "
+            "the description, or pass architecture=, num_classes= and the options to load()."
+        )
+
+
 def load(
     path: str | os.PathLike,
     *,
@@ -325,6 +346,7 @@ def load(
     header = _safetensors_header(path)
     if header is not None and _META_KEY in (header.get("__metadata__") or {}):
         desc = describe(path)
+        _check_description(path, desc)
     arch = architecture or desc.get("architecture")
     if not arch:
         raise CheckpointError(
