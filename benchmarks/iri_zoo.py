@@ -537,7 +537,9 @@ def criteria(rows: list[dict], new: str) -> str:
     return "\n".join(out)
 
 
-def figure(rows: list[dict], labels: list[str], path: Path) -> None:
+def figure(rows: list[dict], labels: list[str], path: Path, names: dict | None = None) -> None:
+    """Median error per cell (log scale), one marker per recipe (``names``: legend names)."""
+    names = names or {}
     import matplotlib
 
     matplotlib.use("Agg")
@@ -554,7 +556,7 @@ def figure(rows: list[dict], labels: list[str], path: Path) -> None:
             if r is not None:
                 xs.append(i)
                 ys.append(max(r["median"], 1e-4))
-        ax.scatter(xs, ys, marker=marks[j % len(marks)], label=lab, s=18)
+        ax.scatter(xs, ys, marker=marks[j % len(marks)], label=names.get(lab, lab), s=18)
     ax.axhline(0.05, color="grey", lw=0.8, ls="--")
     ax.set_yscale("log")
     ax.set_ylabel("median relative error")
@@ -582,6 +584,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--figure", type=Path)
     ap.add_argument("--labels", nargs="*")
     ap.add_argument("--new", help="the recipe whose time is compared with the paper's")
+    ap.add_argument("--rename", nargs="*", default=[], help="LABEL=NAME for the legend")
     args = ap.parse_args(argv)
     if args.table is None:
         args.log = args.log[0]
@@ -595,7 +598,7 @@ def main(argv: list[str] | None = None) -> None:
         text += "\n" + criteria(rows, args.new) + "\n"
     args.table.write_text(text)
     if args.figure is not None:
-        figure(rows, labels, args.figure)
+        figure(rows, labels, args.figure, dict(n.split("=", 1) for n in args.rename))
 
 
 if __name__ == "__main__":
