@@ -27,6 +27,7 @@ import torch
 
 import stitchlab as sl
 from stitchlab import models
+from stitchlab.fit import TrainingConfig
 from stitchlab.protocols import InvarianceAware
 from stitchlab.report import markdown_table
 
@@ -66,7 +67,7 @@ def main() -> None:
     x = torch.rand(args.n, 3, 32, 32, generator=g)
     y = torch.randint(0, 10, (args.n,), generator=g)
     iris = torch.rand(args.n, 3, 32, 32, generator=g)  # stands in for a stored IRI set
-    settings = sl.TrainingConfig(epochs=args.epochs, lr=3e-3, batch_size=128,
+    settings = TrainingConfig(epochs=args.epochs, lr=3e-3, batch_size=128,
                                  init_samples=args.n_init)  # fmt: skip
     protocols = {"standard": None, "iris": iris}
 
@@ -78,7 +79,7 @@ def main() -> None:
         alone = {}
         for proto, given in protocols.items():
             for objective in OBJECTIVES:
-                kw = dict(protocol="iris", iris=given) if given is not None else {}
+                kw = {"protocol": InvarianceAware(iris=given)} if given is not None else {}
                 alone[proto, objective] = sl.stitch(front, back, point, (x, y), objective,
                                                     settings=settings, **kw)  # fmt: skip
         t_base = time.perf_counter() - t0

@@ -28,6 +28,7 @@ from stitchlab import models
 from stitchlab.data import shapes
 from stitchlab.objectives import StitchOutputs, make_objective
 from stitchlab.report import markdown_table
+from stitchlab.splitting import later_points
 
 
 def hook_baseline_epoch(
@@ -89,7 +90,7 @@ def measure_stitch(
     rows = []
     for k in ks:
         point = points[k - 1]
-        later = sl.later_points(back, point)
+        later = later_points(back, point)
         ours = sl.stitch(
             front, back, point, (x, y), objective=objective, epochs=epochs, cache=True,
             seed=0, lr=1e-3,

@@ -14,6 +14,10 @@ from torch.utils.data import Dataset
 import stitchlab as sl
 from stitchlab import metrics, models
 from stitchlab.data import shapes
+from stitchlab.errors import DataError
+from stitchlab.fit import TrainingConfig
+from stitchlab.objectives import SLM, FuLA
+from stitchlab.splitting import SplitError
 
 
 @pytest.fixture(scope="module")
@@ -99,13 +103,13 @@ def test_data_refuses_empty_sets_vector_labels_and_third_elements(pair):
         sl.generate_iris(a, "blocks.1", x[:0], steps=2)
     # labels of shape (1,): accuracy was 96.9 where the true value is 100
     vector = _Items(x, y, lambda img, lab: (img, lab[None]))
-    with pytest.raises(sl.DataError, match=r"label must be one class index"):
+    with pytest.raises(DataError, match=r"label must be one class index"):
         sl.evaluate(a, vector, b)
     # a third element was read as the back model's target images in stitch training
     third = _Items(x, y, lambda img, lab: (img, lab, torch.zeros_like(img)))
-    with pytest.raises(sl.DataError, match="got 3 elements"):
+    with pytest.raises(DataError, match="got 3 elements"):
         sl.stitch(a, b, "blocks.1", third, epochs=1)
-    with pytest.raises(sl.DataError, match="got 3 elements"):  # streamed, not cached
+    with pytest.raises(DataError, match="got 3 elements"):  # streamed, not cached
         sl.stitch(a, b, "blocks.1", third, epochs=1, cache=False)
     # elsewhere an extra element (an index, metadata) is ignored, as before
     indexed = _Items(x, y, lambda img, lab: (img, lab, 7))
@@ -138,14 +142,14 @@ def test_settings_refuse_non_finite_values(pair):
     for bad in ({"lr": math.inf}, {"lr": math.nan}, {"weight_decay": math.nan},
                 {"ridge": math.inf}, {"gamma": math.nan}):  # fmt: skip
         with pytest.raises(ValueError, match="finite"):
-            sl.TrainingConfig.from_kwargs(**bad)
+            TrainingConfig.from_kwargs(**bad)
     for bad in ((2.0, -1.0), (math.nan,)):  # were accepted
         with pytest.raises(ValueError, match=r"milestones are fractions .* in \(0, 1\)"):
-            sl.TrainingConfig.from_kwargs(milestones=bad)
+            TrainingConfig.from_kwargs(milestones=bad)
     with pytest.raises(ValueError, match="finite and positive"):
-        sl.SLM(temperature=math.nan)
+        SLM(temperature=math.nan)
     with pytest.raises(ValueError, match="FuLA weights must be finite"):
-        sl.FuLA(weights=[math.nan, 1.0, 1.0])
+        FuLA(weights=[math.nan, 1.0, 1.0])
     from stitchlab.compare import CompareSettings
 
     with pytest.raises(ValueError, match="lr must be finite"):
@@ -206,26 +210,31 @@ def test_given_iris_must_match_the_stitch(pair, tmp_path):
     at2 = sl.generate_iris_set(a, "blocks.2", (x, y), tmp_path / "c", **kw)
     of_b = sl.generate_iris_set(b, "blocks.1", (x, y), tmp_path / "c", **kw)
     other = sl.generate_iris_set(a, "blocks.1", shapes(32, seed=5), tmp_path / "c", **kw)
-    run = {"protocol": "iris", "allow_flagged_iris": True, "epochs": 1}
-    sl.stitch(a, b, "blocks.1", (x, y), iris=at1, **run)  # the matching set
+    run = {"epochs": 1}
+
+    def given(iris):  # the protocol that trains on these IRIs (flagged: 3 steps)
+        return sl.InvarianceAware(iris=iris, allow_flagged=True)
+
+    sl.stitch(a, b, "blocks.1", (x, y), protocol=given(at1), **run)  # the matching set
     # at an affine point (the recipe's key records its Polyak rule) a matching set passes
     at0 = sl.generate_iris_set(a, "blocks.0", (x, y), tmp_path / "c", **kw)
     assert "affine_rule" in at0.meta["recipe"]
-    sl.stitch(a, b, "blocks.0", (x, y), iris=at0, **run)
+    sl.stitch(a, b, "blocks.0", (x, y), protocol=given(at0), **run)
     with pytest.raises(IRIError, match="another front model"):  # also inside a DataLoader
-        sl.stitch(a, b, "blocks.1", (x, y), iris=torch.utils.data.DataLoader(of_b), **run)
+        loader = torch.utils.data.DataLoader(of_b)
+        sl.stitch(a, b, "blocks.1", (x, y), protocol=given(loader), **run)
     with pytest.raises(IRIError, match="made at point 'blocks.2'"):
-        sl.stitch(a, b, "blocks.1", (x, y), iris=at2, **run)
+        sl.stitch(a, b, "blocks.1", (x, y), protocol=given(at2), **run)
     with pytest.raises(IRIError, match="another front model"):
-        sl.stitch(a, b, "blocks.1", (x, y), iris=of_b, **run)
+        sl.stitch(a, b, "blocks.1", (x, y), protocol=given(of_b), **run)
     with pytest.raises(IRIError, match="other stitching images"):
-        sl.stitch(a, b, "blocks.1", (x, y), iris=other, **run)
+        sl.stitch(a, b, "blocks.1", (x, y), protocol=given(other), **run)
     result = sl.generate_iris(a, "blocks.1", x, steps=3)
     with pytest.raises(ValueError, match="must be float images"):
-        sl.stitch(a, b, "blocks.1", (x, y), iris=quantise(result.iris), **run)
+        sl.stitch(a, b, "blocks.1", (x, y), protocol=given(quantise(result.iris)), **run)
     with pytest.raises(ValueError, match=r"pixel box \[0, 1\]"):
-        sl.stitch(a, b, "blocks.1", (x, y), iris=result.iris * 255, **run)
-    sl.stitch(a, b, "blocks.1", (x, y), iris=result, **run)  # an IRIResult: its own box
+        sl.stitch(a, b, "blocks.1", (x, y), protocol=given(result.iris * 255), **run)
+    sl.stitch(a, b, "blocks.1", (x, y), protocol=given(result), **run)  # an IRIResult: its own box
 
 
 # --- compare's store -------------------------------------------------------------------
@@ -275,14 +284,14 @@ def test_clear_errors_for_unusual_models_settings_and_tables(pair, tmp_path):
         def forward(self, x):
             return torch.nn.functional.conv2d(x, self.w).mean((2, 3))
 
-    with pytest.raises(sl.SplitError, match="has no stitch points"):
+    with pytest.raises(SplitError, match="has no stitch points"):
         sl.split(Functional(), "c1")
     # a wrong layout override is named as such, not blamed on the images
-    with pytest.raises(sl.SplitError, match="layout 'NC' given for 'blocks.1'"):
+    with pytest.raises(SplitError, match="layout 'NC' given for 'blocks.1'"):
         sl.stitch(a, b, "blocks.1", (x, y), epochs=0, layouts={"blocks.1": "NC"})
     # images of two sizes in one batch: was torch's "stack expects each tensor ..."
     mixed = _Items(x, y, lambda img, lab: (img if int(lab) % 2 else img[:, :16, :16], lab))
-    with pytest.raises(sl.DataError, match="the images differ in shape"):
+    with pytest.raises(DataError, match="the images differ in shape"):
         sl.evaluate(a, mixed, b)
     with pytest.raises(ValueError, match="step_size must be finite"):
         sl.IRIRecipe.from_kwargs(step_size=math.nan)

@@ -9,7 +9,7 @@ from torch import nn
 import stitchlab as sl
 from stitchlab import models
 from stitchlab.data import shapes
-from stitchlab.iris import IRIError, IRISet, generate_iris, generate_iris_set
+from stitchlab.iris import IRIError, IRIRecipe, IRISet, generate_iris, generate_iris_set
 from stitchlab.train import train_classifier
 
 # signed-step recipes (the paper's optimiser with a decaying step)
@@ -167,8 +167,7 @@ def test_identical_stitching_under_iris_scores_about_100(trained, iris_blocks2, 
         "blocks.2",
         (x[:256], y[:256]),
         objective=objective,
-        protocol="iris",
-        iris=iris_blocks2,
+        protocol=sl.InvarianceAware(iris=iris_blocks2),
         epochs=2,
     )
     assert s.protocol == "iris" and s.iri_quality is not None
@@ -186,15 +185,14 @@ def test_iris_protocol_inputs_variants_and_refusals(trained, tmp_path):
             "blocks.1",
             data,
             objective="slm",
-            protocol="iris",
-            iris=iris,
-            iris_branches=branches,
+            protocol=sl.InvarianceAware(iris=iris, branches=branches),
             epochs=1,
         )
         assert sl.evaluate(s, data, model)["agreement"] > 90
     s = sl.stitch(
-        model, model, "blocks.1", data, objective="hlm", protocol="iris", iris=iris.iris, epochs=1
-    )
+        model, model, "blocks.1", data, objective="hlm",
+        protocol=sl.InvarianceAware(iris=iris.iris), epochs=1,
+    )  # fmt: skip
     assert s.iri_quality is None
     cached = sl.stitch(
         model,
@@ -202,28 +200,25 @@ def test_iris_protocol_inputs_variants_and_refusals(trained, tmp_path):
         "blocks.1",
         data,
         objective="dm",
-        protocol="iris",
-        iris_cache=tmp_path,
-        iris_options=dict(steps=3),
+        protocol=sl.InvarianceAware(cache=tmp_path, recipe=IRIRecipe(steps=3), allow_flagged=True),
         epochs=0,
-        allow_flagged_iris=True,
     )
     assert cached.iri_quality.flagged  # 3 steps cannot converge
-    with pytest.raises(IRIError, match="allow_flagged_iris"):
+    with pytest.raises(IRIError, match=r"InvarianceAware\(allow_flagged=True\)"):
         sl.stitch(
             model,
             model,
             "blocks.1",
             data,
-            protocol="iris",
-            iris_cache=tmp_path,
-            iris_options=dict(steps=3),
+            protocol=sl.InvarianceAware(cache=tmp_path, recipe=IRIRecipe(steps=3)),
             epochs=0,
         )
     with pytest.raises(ValueError, match="one IRI per image"):
-        sl.stitch(model, model, "blocks.1", data, protocol="iris", iris=iris.iris[:10])
-    with pytest.raises(ValueError, match="protocol='iris'"):
-        sl.stitch(model, model, "blocks.1", data, iris=iris)
+        sl.stitch(model, model, "blocks.1", data,
+                  protocol=sl.InvarianceAware(iris=iris.iris[:10]))  # fmt: skip
+    for old in ("iris", "iris_cache", "iris_options", "allow_flagged_iris"):  # went to the protocol
+        with pytest.raises(TypeError, match=r"protocol=InvarianceAware\(\.\.\.\)"):
+            sl.stitch(model, model, "blocks.1", data, **{old: iris})
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         generate_iris_set(model, "blocks.1", data, tmp_path / "ok")
@@ -346,7 +341,7 @@ def test_quality_is_judged_against_the_null():
 def test_iri_agreement_hand_computed():
     """A model that reads only pixel 0: IRIs that change pixel 1 leave it at 100; flipping
     pixel 0 of one IRI in four gives 75 (softmax one-hot to e^-100)."""
-    from stitchlab import iri_agreement
+    from stitchlab.evaluation import iri_agreement
 
     model = nn.Sequential(nn.Flatten(), nn.Linear(2, 2, bias=False))
     with torch.no_grad():

@@ -6,49 +6,51 @@ import pytest
 import torch
 
 import stitchlab as sl
+from stitchlab import metrics
 
 BIG = 100.0  # logits that make a softmax one-hot to float precision
 
 
 def test_agreement_identity_and_hand_values():
     logits = torch.randn(50, 10)
-    assert sl.agreement(logits, logits) == pytest.approx(100.0)
+    assert metrics.agreement(logits, logits) == pytest.approx(100.0)
     # one-hot against uniform over 2 classes: <p,q> = 0.5, max(|p|^2, |q|^2) = 1
-    assert sl.agreement(torch.tensor([[BIG, 0.0]]), torch.zeros(1, 2)) == pytest.approx(50.0)
+    assert metrics.agreement(torch.tensor([[BIG, 0.0]]), torch.zeros(1, 2)) == pytest.approx(50.0)
     # disjoint one-hots: 0
-    assert sl.agreement(torch.tensor([[BIG, 0.0]]), torch.tensor([[0.0, BIG]])) == pytest.approx(0)
+    disjoint = metrics.agreement(torch.tensor([[BIG, 0.0]]), torch.tensor([[0.0, BIG]]))
+    assert disjoint == pytest.approx(0)
     # p = (0.75, 0.25), q = (0.5, 0.5): 0.5 / max(0.625, 0.5) = 0.8
     p = torch.tensor([[math.log(3.0), 0.0]])
-    assert sl.agreement(p, torch.zeros(1, 2)) == pytest.approx(80.0)
+    assert metrics.agreement(p, torch.zeros(1, 2)) == pytest.approx(80.0)
 
 
 def test_agreement_is_symmetric_and_shift_invariant():
     a, b = torch.randn(20, 5), torch.randn(20, 5)
-    assert sl.agreement(a, b) == pytest.approx(sl.agreement(b, a))
-    assert sl.agreement(a + 3.0, b) == pytest.approx(sl.agreement(a, b))
+    assert metrics.agreement(a, b) == pytest.approx(metrics.agreement(b, a))
+    assert metrics.agreement(a + 3.0, b) == pytest.approx(metrics.agreement(a, b))
 
 
 def test_accuracy_hard_agreement_error_consistency():
     labels = torch.tensor([0, 1, 1, 0])
     a = torch.tensor([[1.0, 0], [0, 1], [1, 0], [1, 0]])  # correct: T T F T
     b = torch.tensor([[1.0, 0], [1, 0], [0, 1], [1, 0]])  # correct: T F T T
-    assert sl.accuracy(a, labels) == 75.0
-    assert sl.hard_agreement(a, b) == 50.0
+    assert metrics.accuracy(a, labels) == 75.0
+    assert metrics.hard_agreement(a, b) == 50.0
     # c_obs = 2/4, c_exp = .75*.75 + .25*.25 = .625, kappa = (.5 - .625) / .375 = -1/3
-    assert sl.error_consistency(a, b, labels) == pytest.approx(-1 / 3)
-    assert sl.error_consistency(a, a, labels) == pytest.approx(1.0)
+    assert metrics.error_consistency(a, b, labels) == pytest.approx(-1 / 3)
+    assert metrics.error_consistency(a, a, labels) == pytest.approx(1.0)
 
 
 def test_chance_normalisation_excess_and_layer_average():
-    assert sl.chance_normalized(10.0, 10) == pytest.approx(0.0)
-    assert sl.chance_normalized(100.0, 10) == pytest.approx(100.0)
-    assert sl.chance_normalized(55.0, 10) == pytest.approx(50.0)
-    assert sl.excess_agreement(90.0, 30.0) == 60.0
-    assert sl.layer_average([80, 90, 100]) == 90.0
+    assert metrics.chance_normalised(10.0, 10) == pytest.approx(0.0)
+    assert metrics.chance_normalised(100.0, 10) == pytest.approx(100.0)
+    assert metrics.chance_normalised(55.0, 10) == pytest.approx(50.0)
+    assert metrics.excess_agreement(90.0, 30.0) == 60.0
+    assert metrics.layer_average([80, 90, 100]) == 90.0
     with pytest.raises(ValueError):
-        sl.layer_average([])
+        metrics.layer_average([])
     with pytest.raises(ValueError, match="equal shape"):
-        sl.agreement(torch.zeros(3, 2), torch.zeros(3, 4))
+        metrics.agreement(torch.zeros(3, 2), torch.zeros(3, 4))
 
 
 def test_evaluate_returns_every_score(images):
@@ -78,17 +80,17 @@ def test_cka_invariances_and_known_values():
     g = torch.Generator().manual_seed(0)
     x = torch.randn(200, 20, generator=g, dtype=torch.float64)
     q, _ = torch.linalg.qr(torch.randn(20, 20, generator=g, dtype=torch.float64))
-    assert sl.cka(x, x) == pytest.approx(1.0)
-    assert sl.cka(x, x @ q) == pytest.approx(1.0)  # a rotated copy scores as identical
-    assert sl.cka(x, 3.5 * x) == pytest.approx(1.0)  # isotropic scaling
+    assert metrics.cka(x, x) == pytest.approx(1.0)
+    assert metrics.cka(x, x @ q) == pytest.approx(1.0)  # a rotated copy scores as identical
+    assert metrics.cka(x, 3.5 * x) == pytest.approx(1.0)  # isotropic scaling
     y = torch.randn(200, 30, generator=g, dtype=torch.float64)
-    assert sl.cka(x, y) == pytest.approx(sl.cka(y, x))
-    assert abs(sl.cka(x, y)) < 0.05  # independent features: about 0 (unbiased estimator)
+    assert metrics.cka(x, y) == pytest.approx(metrics.cka(y, x))
+    assert abs(metrics.cka(x, y)) < 0.05  # independent features: about 0 (unbiased estimator)
     # a representation that keeps half of the (equal-variance) directions: CKA = sqrt(1/2)
     half = torch.cat([x[:, :10], torch.zeros(200, 10, dtype=torch.float64)], 1)
-    assert sl.cka(x, half) == pytest.approx(0.5**0.5, abs=0.08)
+    assert metrics.cka(x, half) == pytest.approx(0.5**0.5, abs=0.08)
     with pytest.raises(ValueError, match="same inputs"):
-        sl.cka(x, y[:10])
+        metrics.cka(x, y[:10])
 
 
 def test_agreement_interval_known_values():

@@ -17,6 +17,7 @@ import torch
 import stitchlab as sl
 from stitchlab import models
 from stitchlab.cli import main
+from stitchlab.errors import DataError
 from stitchlab.experiments import ConfigError, load_config, preflight, run_experiment
 from stitchlab.store import DamagedEntry, lock, read_json, write_json
 from test_experiments import TINY, _rows
@@ -260,9 +261,9 @@ def test_nan_images_are_refused_by_every_path(cnn):
     x, y = _data(32)
     x[5, 0, 3, 3] = float("nan")
     for kwargs in ({"objective": "slm"}, {"objective": "dm", "solver": "closed_form"}):
-        with pytest.raises(sl.DataError, match=r"image\(s\) \[5\] contain NaN"):
+        with pytest.raises(DataError, match=r"image\(s\) \[5\] contain NaN"):
             sl.stitch(cnn, cnn, "blocks.1", (x, y), epochs=1, **kwargs)
-    with pytest.raises(sl.DataError, match="NaN"):
+    with pytest.raises(DataError, match="NaN"):
         sl.generate_iris(cnn, "blocks.1", x, steps=2)
 
 
@@ -279,18 +280,18 @@ def test_labels_outside_the_classes_or_float_labels_are_refused(cnn):
     bad = y.clone()
     bad[0] = 12
     s = sl.stitch(cnn, cnn, "blocks.1", (x, y), epochs=1)
-    with pytest.raises(sl.DataError, match="label 12 is outside 0..9"):
+    with pytest.raises(DataError, match="label 12 is outside 0..9"):
         sl.evaluate(s, (x, bad), cnn)
-    with pytest.raises(sl.DataError, match="label 12 is outside 0..9"):
+    with pytest.raises(DataError, match="label 12 is outside 0..9"):
         sl.stitch(cnn, cnn, "blocks.1", (x, bad), objective="hlm", epochs=1)
-    with pytest.raises(sl.DataError, match="labels must be integers"):
+    with pytest.raises(DataError, match="labels must be integers"):
         sl.stitch(cnn, cnn, "blocks.1", (x, y.float()), epochs=1)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64])
 def test_images_and_models_must_be_float32(cnn, dtype):
     x, y = _data(16)
-    with pytest.raises(sl.DataError, match=f"must be float32, got {dtype}"):
+    with pytest.raises(DataError, match=f"must be float32, got {dtype}"):
         sl.stitch(cnn, cnn, "blocks.1", (x.to(dtype), y), epochs=1)
     with pytest.raises(ValueError, match=f"has {dtype} weights.*model.float"):
         sl.stitch(copy.deepcopy(cnn).to(dtype), cnn, "blocks.1", (x, y), epochs=1)

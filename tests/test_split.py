@@ -6,6 +6,7 @@ from torch import nn
 
 import stitchlab as sl
 from stitchlab import models
+from stitchlab.splitting import SplitError, later_points, tap_model
 
 PAPER_MODELS = {
     "resnet18": (dict(), 9),
@@ -102,13 +103,13 @@ def test_taps_return_later_activations_in_one_pass():
     torch.testing.assert_close(logits, model(x))
     for p, a in acts.items():
         torch.testing.assert_close(a, sl.split(model, p)[0](x))
-    assert sl.later_points(model, "layer4.0") == ["layer4.1"]
+    assert later_points(model, "layer4.0") == ["layer4.1"]
 
 
 def test_tap_model_matches_fronts():
     model = models.create("small_cnn").eval()
     x = torch.rand(2, 3, 32, 32)
-    logits, acts = sl.tap_model(model, ["blocks.1", "blocks.3"])(x)
+    logits, acts = tap_model(model, ["blocks.1", "blocks.3"])(x)
     torch.testing.assert_close(logits, model(x))
     torch.testing.assert_close(acts["blocks.1"], sl.split(model, "blocks.1")[0](x))
 
@@ -130,7 +131,7 @@ def test_generic_module_points_and_crossing_branch():
     m = Residual()
     # only the head's input can be cut: the input skips over everything before the add
     assert sl.stitch_points(m) == ["pre_logits"]
-    with pytest.raises(sl.SplitError, match="crosses the cut"):
+    with pytest.raises(SplitError, match="crosses the cut"):
         sl.split(m, "act")
 
 
@@ -166,7 +167,7 @@ def test_untraceable_model_says_why_and_what_to_do():
         def forward(self, x):
             return self.u(x)
 
-    with pytest.raises(sl.SplitError, match="cannot trace.*leaf_modules"):
+    with pytest.raises(SplitError, match="cannot trace.*leaf_modules"):
         sl.split(Net(), "u")
     # marking the offending module as a leaf makes it splittable
     assert sl.stitch_points(Net(), leaf_modules=(Untraceable,)) == []
@@ -174,7 +175,7 @@ def test_untraceable_model_says_why_and_what_to_do():
 
 def test_unknown_point_lists_valid_points_and_closest():
     model = models.create("resnet18", width=8)
-    with pytest.raises(sl.SplitError) as err:
+    with pytest.raises(SplitError) as err:
         sl.split(model, "layer2_0")
     msg = str(err.value)
     assert "Did you mean 'layer2.0'" in msg and "layer4.1" in msg
@@ -182,7 +183,7 @@ def test_unknown_point_lists_valid_points_and_closest():
 
 def test_shared_module_is_not_a_point():
     model = models.create("resnet18", width=8)
-    with pytest.raises(sl.SplitError, match="called 2 times"):
+    with pytest.raises(SplitError, match="called 2 times"):
         sl.split(model, "layer1.0.relu")
 
 
@@ -201,5 +202,5 @@ def test_second_required_input_is_refused():
         def forward(self, x, y):
             return self.l(x) + y
 
-    with pytest.raises(sl.SplitError, match="second input"):
+    with pytest.raises(SplitError, match="second input"):
         sl.split(Two(), "l")

@@ -9,7 +9,9 @@ from torch.utils.data import DataLoader, Dataset
 
 import stitchlab as sl
 from stitchlab import models
-from stitchlab.objectives import StitchOutputs, make_objective
+from stitchlab.layers import StitchShapeError
+from stitchlab.objectives import FuLA, StitchOutputs, make_objective
+from stitchlab.splitting import SplitError, later_points, tap_model
 
 SELF_MODELS = {
     "resnet18": dict(width=8),
@@ -74,12 +76,12 @@ def test_permuted_copy_scores_100(solver, images):
 
 def _outputs_and_targets(model, point, x, y):
     """Identity stitch of ``model`` with itself: outputs and targets by hand."""
-    later = sl.later_points(model, point)
+    later = later_points(model, point)
     front, back = sl.split(model, point, taps="later")
     a = front(x)
     logits, acts = back(a)
     out = StitchOutputs(logits, {point: a, **acts})
-    ref_logits, ref_acts = sl.tap_model(model, [point, *later])(x)
+    ref_logits, ref_acts = tap_model(model, [point, *later])(x)
     targets = {"labels": y, "logits": ref_logits, **ref_acts}
     return out, targets, later
 
@@ -117,10 +119,10 @@ def test_objective_hand_values():
     tgt = {"p": torch.tensor([[1.0, 1.0]]), "q": torch.ones(1, 3)}
     fula = make_objective("fula").bind("p", ["q"])
     assert float(fula(out, tgt)) == pytest.approx(0.5 * 2**-0.5)
-    fula_w = sl.FuLA(weights=[3, 1]).bind("p", ["q"])
+    fula_w = FuLA(weights=[3, 1]).bind("p", ["q"])
     assert float(fula_w(out, tgt)) == pytest.approx(0.75 * 2**-0.5)
     with pytest.raises(ValueError, match="not later stitch points"):
-        sl.FuLA(points=["r"]).bind("p", ["q"])
+        FuLA(points=["r"]).bind("p", ["q"])
 
 
 @pytest.mark.parametrize("objective", ["hlm", "slm", "dm", "fula"])
@@ -250,12 +252,12 @@ def test_bad_input_gets_clear_errors(images):
         sl.stitch(model, model, "blocks.1", (x, y), objective="kl")
     with pytest.raises(ValueError, match="must be float32"):
         sl.stitch(model, model, "blocks.1", ((x * 255).byte(), y))
-    with pytest.raises(sl.SplitError, match="Valid points"):
+    with pytest.raises(SplitError, match="Valid points"):
         sl.stitch(model, model, "block.1", (x, y))
     with pytest.raises(ValueError, match="closed_form"):
         sl.stitch(model, model, "blocks.1", (x, y), objective="slm", solver="closed_form")
     vit = models.create("vit_tiny_patch4_32", width=48, depth=2)
-    with pytest.raises(sl.StitchShapeError, match="vector"):
+    with pytest.raises(StitchShapeError, match="vector"):
         sl.stitch(vit, model, "pre_logits", (x, y), back_point="blocks.1", epochs=0)
 
 

@@ -192,8 +192,9 @@ def main() -> int:
             _sync(device)
             t0 = time.perf_counter()
             s = sl.stitch(
-                front, back, args.point, stitch_data, objective=objective, protocol=protocol,
-                iris=iris if protocol == "iris" else None, allow_flagged_iris=True,
+                front, back, args.point, stitch_data, objective=objective,
+                protocol=(sl.InvarianceAware(iris=iris, allow_flagged=True)
+                          if protocol == "iris" else sl.Standard()),
                 epochs=2 if smoke else 10, lr=1e-3, device=device,
             )  # fmt: skip
             ev = sl.evaluate(s, test, reference=back)

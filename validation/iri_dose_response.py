@@ -7,7 +7,7 @@ scored on the pair's (marked) test set. Then, with the default recipe, more IRIs
 (``--n-iris``; fewer with ``--n-subsets``, the first n of the run's own set) and more
 stitch epochs (``--epochs``). Every row also has the stitch-free transfer of the IRI set:
 how the front model and the back model each decide on the IRIs against their sources
-(:func:`stitchlab.iri_agreement`). Answers whether a pair's fall
+(:func:`stitchlab.evaluation.iri_agreement`). Answers whether a pair's fall
 under IRIs follows the IRIs' error (a rough IRI is a different image to the back model)
 or stays when the IRIs are exact (a real difference in invariances).
 
@@ -28,10 +28,12 @@ from pathlib import Path
 import torch
 from _common import pair_family, script_commit
 
-from stitchlab import InvarianceAware, Stitcher, TrainingConfig, evaluate, iri_agreement
+from stitchlab import InvarianceAware, Stitcher, evaluate
+from stitchlab.evaluation import iri_agreement
 from stitchlab.experiments import load_config, with_fingerprints
 from stitchlab.experiments.datasets import marked, stitch_data, test_data
 from stitchlab.experiments.jobs import iris_data_key, load_model, reference_logits, tracing
+from stitchlab.fit import TrainingConfig
 from stitchlab.iris import generate_iris_set
 
 TODAY = "adam 0.1->0.01 + surrogate 0.1 (today's default)"  # stitchlab's default recipe

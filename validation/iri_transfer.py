@@ -3,7 +3,7 @@
 For the first ``--n`` stitching images of an experiment config (with the marker of the
 front's model table, as the protocol uses them), generates the front's IRIs at ``--point``
 with each recipe preset of ``--presets`` and prints their error (median, p90, times
-closer than the null) and ``stitchlab.iri_agreement`` of the back and of the front on
+closer than the null) and ``stitchlab.evaluation.iri_agreement`` of the back and of the front on
 them: how the whole back model decides on the IRIs against their sources (with its 95%
 interval and its null), which the invariance-aware stitch score follows within about a
 point (docs/validation/a_converged.md). A quick check of whether better IRIs change what
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-import stitchlab as sl
+from stitchlab.evaluation import iri_agreement
 from stitchlab.experiments import load_config, with_fingerprints
 from stitchlab.experiments.datasets import stitch_data
 from stitchlab.experiments.jobs import load_model
@@ -58,8 +58,8 @@ def main() -> None:
         t0 = time.perf_counter()
         res = generate_iris(front, args.point, x, preset=preset)
         q = res.quality()
-        b = sl.iri_agreement(back, (res.iris, labels), (x, labels))
-        f = sl.iri_agreement(front, (res.iris, labels), (x, labels))
+        b = iri_agreement(back, (res.iris, labels), (x, labels))
+        f = iri_agreement(front, (res.iris, labels), (x, labels))
         print(f"| {preset} | {q.median_error:.4f} / {q.p90_error:.4f} ({q.null_ratio:.0f}x) | "
               f"{b['agreement']:.1f} [{b['agreement_ci_low']:.1f}, {b['agreement_ci_high']:.1f}] "
               f"({b['null_agreement']:.1f}) | {f['agreement']:.1f} | "

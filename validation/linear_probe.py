@@ -22,11 +22,11 @@ from pathlib import Path
 
 import torch
 
-from stitchlab import ActivationSpec, StitchLayer, activation_formats, tap_model
 from stitchlab.experiments import load_config, with_fingerprints
 from stitchlab.experiments.datasets import stitch_data
 from stitchlab.experiments.jobs import load_model
-from stitchlab.layers import LeastSquares
+from stitchlab.layers import ActivationSpec, LeastSquares, StitchLayer
+from stitchlab.splitting import activation_formats, tap_model
 
 
 def _nchw_or_vector(a: torch.Tensor) -> ActivationSpec:

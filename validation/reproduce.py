@@ -1,7 +1,7 @@
-"""Reproduce one experiment of PROTOCOL section 6 on real data (CPU size) and write its
+"""Reproduce one experiment of docs/method.md section 6 on real data (CPU size) and write its
 validation page: docs/validation/<experiment>.md (the command, its wall time, the commit,
 the base models' accuracies, the agreement table, the IRI quality, and each finding of
-PROTOCOL section 7 set against the measurement), with its figures in docs/validation/figures/.
+docs/method.md section 7 set against the measurement), with its figures in docs/validation/figures/.
 
     python validation/reproduce.py a --data-root /tmp/data
     python validation/reproduce.py c --data-root /tmp/data --store runs/store
@@ -53,7 +53,7 @@ CONFIGS = {
     "e": "e_sanity",
     "coloured_mnist": "coloured_mnist",
 }
-#: the experiment of PROTOCOL section 6 that each page reproduces (its findings)
+#: the experiment of docs/method.md section 6 that each page reproduces (its findings)
 FAMILY = {
     "a_cross_supervision": "a",
     "a_cross_supervision_converged": "a",
@@ -77,7 +77,7 @@ IRI_OBJECTIVES = ("slm", "dm", "fula")
 
 
 # ---------------------------------------------------------------------------
-# Findings of PROTOCOL section 7, each set against the results table
+# Findings of docs/method.md section 7, each set against the results table
 
 
 def _mean(t: pd.DataFrame, column: str = "agreement") -> pd.Series:
@@ -436,7 +436,7 @@ def write_page(
         "Reductions against the paper (from the config):\n\n"
         + "\n".join(f"- {r}" for r in exp_obj.raw.get("reductions", [])),
         "### Base models (test accuracy, %)\n\n" + _md(_models_table(exp_obj.raw, store)),
-        "### Findings of PROTOCOL section 7 against this run\n\n"
+        "### Findings of [method.md](../method.md) section 7 against this run\n\n"
         + _md(pd.DataFrame(findings(exp, t), columns=["finding", "measured", "verdict"])),
     ]
     score = "excess_agreement" if FAMILY.get(exp, exp) == "c" else "agreement"

@@ -4,88 +4,47 @@ The public API::
 
     stitch_points(model)                -> ordered cut points
     split(model, point)                 -> (front, back) with back(front(x)) == model(x)
-    TracedModel(model)                  -> trace once, cut often; .formats(x) gives the
-                                           activation layout (NCHW, NHWC, NCL, NLC, NC)
+    TracedModel(model)                  -> trace once, cut often
+    stitch(front, back, point, data)    -> a trained StitchedModel: one Stitcher, one fit
     Stitcher(front, back, point)        -> the life cycle: .initialise(data),
                                            .collect(data, protocol), .fit(objective, ...),
                                            .evaluate(model, test_data); shares the work
                                            that does not depend on the objective
-    stitch(front, back, point, data)    -> trained StitchedModel (protocol="iris" for
-                                           invariance-aware stitching): one Stitcher, one fit
-    Standard(), InvarianceAware(...)    -> the protocols as objects
-    generate_iris(model, point, images) -> identically represented inputs (+ quality)
+    Standard(), InvarianceAware(...)    -> the protocols: stitch(..., protocol=...)
+    generate_iris(model, point, images) -> identically represented inputs (an IRIResult)
+    generate_iris_set(...)              -> the same, chunked and stored (an IRISet)
+    IRIRecipe, IRIResult, IRIQuality    -> how IRIs are made, what they are, how good
     evaluate(stitched, test_data, ref)  -> scores (agreement, accuracy, ...)
-    agreement(logits_a, logits_b)       -> agreement probability in percent
+
+The rest lives in submodules: :mod:`stitchlab.metrics` (agreement, CKA, intervals),
+:mod:`stitchlab.objectives` (HLM, SLM, DM, FuLA), :mod:`stitchlab.fit` (TrainingConfig),
+:mod:`stitchlab.stitched` (StitchedModel, StitchRecord), :mod:`stitchlab.errors` (every
+error stitchlab raises), :mod:`stitchlab.experiments`, :mod:`stitchlab.models`,
+:mod:`stitchlab.data`. Names are spelled the British way (``initialise``, ``normalised``).
 """
 
-from ._data import DataError
-from .evaluation import evaluate, iri_agreement
-from .fit import TrainingConfig
-from .iris import IRIRecipe, IRISet, generate_iris, generate_iris_set
-from .layers import ActivationSpec, StitchLayer, StitchShapeError
-from .metrics import (
-    accuracy,
-    agreement,
-    chance_normalized,
-    cka,
-    error_consistency,
-    excess_agreement,
-    hard_agreement,
-    layer_average,
-)
-from .objectives import DM, HLM, SLM, FuLA, Objective
+from .evaluation import evaluate
+from .iris import IRIQuality, IRIRecipe, IRIResult, generate_iris, generate_iris_set
 from .protocols import InvarianceAware, Standard
-from .splitting import (
-    SplitError,
-    TracedModel,
-    activation_formats,
-    later_points,
-    split,
-    stitch_points,
-    tap_model,
-)
-from .stitched import StitchedModel, StitchRecord
-from .stitcher import Initialisation, Stitcher, stitch
+from .splitting import TracedModel, split, stitch_points
+from .stitcher import Stitcher, stitch
 
 __version__ = "0.1.0"
 
+# `compare` (two models on data, its results table in memory) joins this list when
+# stitchlab.compare gains its in-memory function (issue 59).
 __all__ = [
-    "stitch_points",
     "split",
-    "later_points",
-    "tap_model",
+    "stitch_points",
     "TracedModel",
-    "activation_formats",
-    "stitch",
     "Stitcher",
-    "Initialisation",
+    "stitch",
     "Standard",
     "InvarianceAware",
-    "StitchRecord",
-    "evaluate",
-    "iri_agreement",
     "generate_iris",
     "generate_iris_set",
-    "IRISet",
     "IRIRecipe",
-    "agreement",
-    "accuracy",
-    "hard_agreement",
-    "error_consistency",
-    "chance_normalized",
-    "excess_agreement",
-    "layer_average",
-    "cka",
-    "StitchedModel",
-    "TrainingConfig",
-    "StitchLayer",
-    "ActivationSpec",
-    "Objective",
-    "HLM",
-    "SLM",
-    "DM",
-    "FuLA",
-    "SplitError",
-    "StitchShapeError",
-    "DataError",
+    "IRIResult",
+    "IRIQuality",
+    "evaluate",
 ]

@@ -313,15 +313,15 @@ def _data_arg(args: argparse.Namespace):
 
 
 def _cmd_stitch(args: argparse.Namespace) -> int:
-    from . import evaluate, stitch
+    from . import InvarianceAware, Standard, evaluate, stitch
 
     front = _load_model_arg(args.front, args.random_init)
     back = _load_model_arg(args.back, args.random_init)
     train, test = _data_arg(args)
+    protocol = InvarianceAware(cache=args.iris_cache) if args.protocol == "iris" else Standard()
     s = stitch(front, back, args.point, train, objective=args.objective,
-               back_point=args.back_point, protocol=args.protocol, epochs=args.epochs,
-               lr=args.lr, progress=True, iris_cache=args.iris_cache,
-               **_tracing_args(args))  # fmt: skip
+               back_point=args.back_point, protocol=protocol, epochs=args.epochs,
+               lr=args.lr, progress=True, **_tracing_args(args))  # fmt: skip
     scores = evaluate(s, test, back)
     print(f"stitch layer: {s.stitch_layer.src} -> {s.stitch_layer.dst}; "
           f"init residual {s.init_residual}")  # fmt: skip

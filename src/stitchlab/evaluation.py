@@ -58,7 +58,7 @@ def evaluate(
         "agreement": agree,
         "agreement_ci_low": low,
         "agreement_ci_high": high,
-        "agreement_normalized": metrics.chance_normalized(agree, k),
+        "agreement_normalized": metrics.chance_normalised(agree, k),
         "accuracy": metrics.accuracy(logits, labels),
         "hard_agreement": metrics.hard_agreement(logits, ref_logits),
         "error_consistency": metrics.error_consistency(logits, ref_logits, labels),

@@ -1,4 +1,4 @@
-"""Scores of PROTOCOL section 4. All percentages are in [0, 100]."""
+"""The scores of docs/method.md section 4. All percentages are in [0, 100]."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ __all__ = [
     "accuracy",
     "hard_agreement",
     "error_consistency",
-    "chance_normalized",
+    "chance_normalised",
     "excess_agreement",
     "layer_average",
     "cka",
@@ -97,7 +97,7 @@ def error_consistency(logits_a: Tensor, logits_b: Tensor, labels: Tensor) -> flo
     return (c_obs - c_exp) / (1 - c_exp)
 
 
-def chance_normalized(score: float, num_classes: int) -> float:
+def chance_normalised(score: float, num_classes: int) -> float:
     """``(a - 100/K) / (100 - 100/K) * 100``: 0 at chance, 100 at perfect."""
     if num_classes < 2:
         raise ValueError("chance normalisation needs at least 2 classes")

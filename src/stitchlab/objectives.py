@@ -1,4 +1,4 @@
-"""The four stitching objectives (PROTOCOL section 2), one signature for all.
+"""The four stitching objectives (docs/method.md section 2), one signature for all.
 
 Every objective is called as ``objective(outputs, targets)`` where
 

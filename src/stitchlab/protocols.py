@@ -3,8 +3,8 @@
 :class:`Standard` trains on the stitching data itself. :class:`InvarianceAware` trains on
 the front's identically represented inputs (IRIs) of the stitching data: the back model's
 targets are its own outputs on the IRIs, so only a back that shares the front's
-invariances can be matched (PROTOCOL section 4). Its ``branches`` select the sanity
-variants of PROTOCOL section 6 E. A protocol turns stitching data into a training set once
+invariances can be matched (docs/method.md section 3). Its ``branches`` select the sanity
+variants of docs/method.md section 6 (E). A protocol turns stitching data into a training set once
 (:meth:`Protocol.training_set`); the :class:`~stitchlab.stitcher.Stitcher` then caches
 the activations of that set for every objective trained on it.
 """
@@ -67,8 +67,8 @@ class InvarianceAware(Protocol):
             tensor aligned with the data, or data); None generates them. A stored set must
             have been made at this point, from this front and from these images (their
             labels, in order); a tensor must hold float images in the recipe's box.
-        branches: ``"both"`` (the protocol), or the sanity variants of PROTOCOL section
-            6 E: ``"front"`` (IRIs into the front only, targets on real images) and
+        branches: ``"both"`` (the protocol), or the sanity variants of docs/method.md
+            section 6 (E): ``"front"`` (IRIs into the front only, targets on real images) and
             ``"back"`` (real images into the front, targets on IRIs).
         cache: folder of the IRI cache for generated IRIs (None: in memory).
         recipe: how generated IRIs are optimised (default: stitchlab's recipe).
@@ -92,7 +92,7 @@ class InvarianceAware(Protocol):
     def __post_init__(self) -> None:
         if self.branches not in ("both", "front", "back"):
             raise ValueError(
-                f"iris_branches must be 'both', 'front' or 'back', got {self.branches!r}"
+                f"branches must be 'both', 'front' or 'back', got {self.branches!r}"
             )
         if not isinstance(self.recipe, IRIRecipe):
             raise TypeError(f"recipe must be an IRIRecipe, got {type(self.recipe).__name__}")
@@ -136,7 +136,7 @@ class InvarianceAware(Protocol):
             raise IRIError(
                 f"{quality}. These IRIs do not reproduce the front's representation well "
                 "enough for invariance-aware stitching; use more steps or a larger/decaying "
-                "step size, or pass allow_flagged_iris=True to use them anyway."
+                "step size, or pass InvarianceAware(allow_flagged=True) to use them anyway."
             )
         if self.branches == "front":
             return PairedImages(iri_set, real), quality
@@ -162,8 +162,8 @@ def _check_iri_tensor(iris: Tensor, box: tuple[float, float] | None) -> None:
         raise ValueError(
             f"IRIs given as a tensor must lie in the recipe's pixel box [{lo:g}, {hi:g}], got "
             f"values in [{float(iris.min()):g}, {float(iris.max()):g}]; give them on the scale "
-            "of the stitching images, or set the recipe's box to theirs (iris_options="
-            "{'box': (low, high)})."
+            "of the stitching images, or set the recipe's box to theirs (InvarianceAware("
+            "recipe=IRIRecipe(box=(low, high))))."
         )
 
 
@@ -200,40 +200,16 @@ def _check_set_matches(iris: IRISet, front_model: nn.Module, point: str, real: D
         )
 
 
-def as_protocol(
-    protocol: str | Protocol = "standard",
-    *,
-    iris: Any = None,
-    branches: str = "both",
-    cache: str | None = None,
-    options: dict | None = None,
-    recipe: IRIRecipe | None = None,
-    allow_flagged: bool = False,
-) -> Protocol:
-    """A protocol object from :func:`~stitchlab.stitch`'s keyword form (a name and the
-    ``iris_*`` options); a :class:`Protocol` is returned as it is (with no options)."""
+def as_protocol(protocol: str | Protocol = "standard") -> Protocol:
+    """A protocol object: a :class:`Protocol` as it is, ``"standard"`` as
+    :class:`Standard`, ``"iris"`` as :class:`InvarianceAware` with its defaults."""
     if isinstance(protocol, Protocol):
-        given = iris is not None or options or recipe is not None or cache is not None
-        if given or branches != "both" or allow_flagged:
-            raise TypeError(
-                f"protocol={type(protocol).__name__}(...) carries its own settings; pass the "
-                "IRIs, branches, cache, recipe and thresholds to it, not as iris_* keywords."
-            )
         return protocol
     if protocol == "standard":
-        if iris is not None:
-            raise ValueError("iris= was given but protocol='standard'; pass protocol='iris'.")
         return Standard()
-    if protocol != "iris":
-        raise ValueError(f"protocol must be 'standard' or 'iris', got {protocol!r}")
-    options = dict(options or {})
-    thresholds = {k: float(options.pop(k)) for k in ("threshold", "min_null_ratio")
-                  if k in options}  # fmt: skip
-    if recipe is not None and options:
-        raise TypeError(
-            f"stitch() got iris_recipe= and recipe fields {sorted(options)} in iris_options; "
-            "put them in the IRIRecipe."
-        )
-    recipe = recipe if recipe is not None else IRIRecipe.from_kwargs(**options)
-    return InvarianceAware(iris=iris, branches=branches, cache=cache, recipe=recipe,  # type: ignore[arg-type]
-                           allow_flagged=allow_flagged, **thresholds)  # fmt: skip
+    if protocol == "iris":
+        return InvarianceAware()
+    raise ValueError(
+        f"protocol must be Standard(), InvarianceAware(...), 'standard' or 'iris'; got "
+        f"{protocol!r}"
+    )

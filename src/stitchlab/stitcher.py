@@ -572,17 +572,11 @@ def stitch(
     temperature: float | None = None,
     fula_points: Sequence[str] | None = None,
     fula_weights: Sequence[float] | None = None,
-    protocol: Literal["standard", "iris"] | Protocol = "standard",
-    iris=None,
-    iris_branches: Literal["both", "front", "back"] = "both",
-    iris_cache: str | None = None,
-    iris_options: dict | None = None,
-    allow_flagged_iris: bool = False,
+    protocol: Protocol | Literal["standard", "iris"] = "standard",
     leaf_modules: Sequence[type] = (),
     output: OutputSelector | tuple[OutputSelector, OutputSelector] = None,
     layouts: Mapping[str, str] | None = None,
     settings: TrainingConfig | None = None,
-    iris_recipe=None,
     **training,
 ) -> StitchedModel:
     """Train a stitch from ``front_model`` at ``point`` into ``back_model`` at ``back_point``:
@@ -601,18 +595,12 @@ def stitch(
             :class:`Objective` object carries its own options).
         fula_points: FuLA's later back-model points (default: every later stitch point).
         fula_weights: FuLA's weights, stitch point first (default: uniform).
-        protocol: ``"standard"`` trains on ``data``; ``"iris"`` (invariance-aware) trains on
-            the front's IRIs of ``data`` at ``point`` (see
-            :class:`~stitchlab.protocols.InvarianceAware`); or a protocol object.
-        iris: the IRIs to use (an :class:`~stitchlab.iris.IRISet`, an ``IRIResult``, a
-            tensor aligned with ``data``, or data); None generates them (cached in
-            ``iris_cache`` when given, else in memory).
-        iris_branches: ``"both"`` (the protocol), or the sanity variants of PROTOCOL
-            section 6 E: ``"front"`` and ``"back"``.
-        iris_cache: folder of the IRI cache (see :func:`~stitchlab.iris.generate_iris_set`).
-        iris_options: IRI recipe options (steps, step_size, optimizer, ..., and the flag
-            thresholds ``threshold`` and ``min_null_ratio``).
-        allow_flagged_iris: use an IRI set whose median error is above its threshold.
+        protocol: :class:`~stitchlab.protocols.Standard` (trains on ``data``, the default)
+            or :class:`~stitchlab.protocols.InvarianceAware` (trains on the front's IRIs
+            of ``data`` at ``point``; it holds the IRIs or how to make them: ``iris``,
+            ``cache``, ``recipe``, ``branches``, thresholds, ``allow_flagged``). The
+            names ``"standard"`` and ``"iris"`` stand for those objects with their
+            defaults.
         leaf_modules: module classes that torch.fx must not trace into (both models).
         output: which element of a model's output is the logits, when its forward returns
             a tuple or dict (an index or key; a pair ``(front's, back's)`` when they
@@ -621,8 +609,6 @@ def stitch(
             see :data:`stitchlab.splitting.LAYOUTS`) where detection from the graph fails
             or must be overridden.
         settings: a :class:`TrainingConfig` (instead of its fields as keywords).
-        iris_recipe: an :class:`~stitchlab.iris.IRIRecipe` for generated IRIs (instead of
-            recipe fields in ``iris_options``).
         **training: any :class:`TrainingConfig` field (epochs, lr, batch_size, solver,
             init, cache, frozen_mode, seed, device, ...).
 
@@ -630,14 +616,12 @@ def stitch(
         The trained :class:`StitchedModel`, in eval mode, with its :class:`StitchRecord`.
         The global random state and the caller's models are left as they were.
     """
+    _no_iris_keywords(training)
     cfg = _settings(settings, training)
     obj = _objective(objective, temperature, fula_points, fula_weights)
     if cfg.solver == "closed_form" and obj.name != "dm":
         raise ValueError("solver='closed_form' exists only for objective='dm'.")
-    proto = as_protocol(
-        protocol, iris=iris, branches=iris_branches, cache=iris_cache, options=iris_options,
-        recipe=iris_recipe, allow_flagged=allow_flagged_iris,
-    )  # fmt: skip
+    proto = as_protocol(protocol)
     device = (check_device(cfg.device) if cfg.device is not None
               else _module_device(front_model))  # fmt: skip
     stitcher = Stitcher(front_model, back_model, point, back_point, leaf_modules=leaf_modules,
@@ -647,6 +631,26 @@ def stitch(
 
 # ---------------------------------------------------------------------------
 # Helpers
+
+
+# stitch()'s former IRI keywords and the InvarianceAware field each became
+_IRIS_KEYWORDS = {
+    "iris": "iris", "iris_branches": "branches", "iris_cache": "cache",
+    "iris_options": "recipe=IRIRecipe(...), threshold, min_null_ratio",
+    "iris_recipe": "recipe", "allow_flagged_iris": "allow_flagged",
+}  # fmt: skip
+
+
+def _no_iris_keywords(training: dict) -> None:
+    """Refuse the IRI keywords stitch() no longer takes, naming what replaces them."""
+    old = [k for k in _IRIS_KEYWORDS if k in training]
+    if old:
+        fields = ", ".join(f"{k} -> {_IRIS_KEYWORDS[k]}" for k in old)
+        raise TypeError(
+            f"stitch() got {', '.join(old)}: the IRIs and their options belong to the "
+            f"protocol object. Pass protocol=InvarianceAware(...) ({fields}); "
+            "InvarianceAware is stitchlab.InvarianceAware."
+        )
 
 
 def _settings(settings: TrainingConfig | None, training: dict) -> TrainingConfig:

@@ -1,4 +1,4 @@
-"""Pixel-shortcut markers (PROTOCOL section 5): Pixel+Loc, Pixel and Rand.
+"""Pixel-shortcut markers (docs/method.md section 5): Pixel+Loc, Pixel and Rand.
 
 A marker is a solid square of a class colour, 4x4 pixels on 32x32 images (28x28 on
 224x224), pasted on the image *after* the base dataset's augmentation. Where and in which

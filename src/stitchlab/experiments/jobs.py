@@ -543,8 +543,9 @@ class _Shared:
 
     def transfer(self, run: StitchRun) -> dict[str, Any]:
         """Stitch-free, for an IRI-protocol run: how the whole front and back models decide
-        on the IRI set against its source images (:func:`stitchlab.iri_agreement`), the back's
-        share of equal top-1 decisions, and the back's agreement between two different
+        on the IRI set against its source images
+        (:func:`stitchlab.evaluation.iri_agreement`), the back's share of equal top-1
+        decisions, and the back's agreement between two different
         source images (its null), and the arithmetic the set's steps ran in (``iri_amp``; a
         reused row keeps its own, even where this machine would make its sets in another),
         once per set; empty for the standard protocol."""

@@ -81,7 +81,7 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
         "--recipe",
         default="paper",
         choices=("paper", "fast"),
-        help="paper: SGD, 200 epochs (PROTOCOL 5); fast: AdamW one-cycle, 6 epochs",
+        help="paper: SGD, 200 epochs (docs/method.md section 5); fast: AdamW one-cycle, 6 epochs",
     )
     t.add_argument("--epochs", type=int, default=None)
     t.add_argument("--lr", type=float, default=None)

@@ -17,7 +17,7 @@ __all__ = ["Recipe", "paper_recipe", "fast_recipe", "METHODS"]
 @dataclass(frozen=True)
 class Recipe:
     """How to train a base model. The defaults are the paper's ResNet-18 recipe
-    (PROTOCOL section 5); see :func:`paper_recipe` and :func:`fast_recipe`.
+    (docs/method.md section 5); see :func:`paper_recipe` and :func:`fast_recipe`.
 
     ``milestones`` are fractions of ``epochs`` (rounded): (0.33, 0.665) of 200 epochs are
     the paper's epochs 66 and 133. ``amp`` and ``channels_last`` default to on for a GPU
