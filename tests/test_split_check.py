@@ -144,7 +144,7 @@ def test_the_check_changes_no_parameter_buffer_flag_or_random_state(training):
     assert torch.equal(torch.get_rng_state(), rng)
 
 
-def test_example_is_guessed_or_asked_for():
+def test_without_an_example_the_first_batch_checks_the_cut(monkeypatch):
     class Doubles(nn.Module):
         def __init__(self) -> None:
             super().__init__()
@@ -154,15 +154,30 @@ def test_example_is_guessed_or_asked_for():
         def forward(self, x):  # noqa: D102
             return self.out(self.fc(torch.cat([x, x], 1)))  # takes 4 features, not 8
 
-    with pytest.raises(SplitError, match=r"guessed from its first layer.*example="):
-        sl.split(Doubles(), "fc")
     net = Doubles().eval()
-    f, b = sl.split(net, "fc", example=torch.rand(3, 4))
+    tm = TracedModel(net)  # the guess from fc (8 features) does not run: no example yet
+    assert not tm._refs
+    f, b = tm.split("fc")
     x = torch.rand(5, 4)
     with torch.no_grad():
-        assert torch.equal(b(f(x)), net(x))
+        assert torch.equal(b(f(x)), net(x))  # the first call checked the cut on x
+    assert tm._refs and tm._example is x
+    f, b = sl.split(net, "fc", example=torch.rand(3, 4))
     f, b = sl.split(net, "fc", verify=False)  # unchecked, on request
-    assert isinstance(b, nn.Module)
+    # a cut that is not exact stops at its first batch instead of giving a number
+    monkeypatch.setattr(
+        splitting, "_back_keep", lambda t, node, roots: splitting._ancestors(roots, stop=node)
+    )
+
+    class Later(Doubles):
+        def forward(self, x):  # noqa: D102
+            h = self.fc(torch.cat([x, x], 1))
+            h.mul_(2.0)
+            return self.out(h)
+
+    f, b = sl.split(Later().eval(), "fc")
+    with pytest.raises(SplitError, match=r"at 'fc' is not exact.*does not reproduce: mul_"):
+        f(x)
 
 
 def test_inplace_module_and_method_without_users():

@@ -830,7 +830,8 @@ class TracedModel:
             a tuple of several elements).
         example: a batch of inputs on which every cut is checked (see :meth:`verify`);
             by default 2 random inputs of the shape the model declares or its first
-            layer takes, else the first batch :meth:`formats` sees.
+            layer takes, else the first batch :meth:`formats` or a front (a tapped
+            model) is called with.
         verify: check the trace and every cut against the whole model (default).
     """
 
@@ -852,7 +853,6 @@ class TracedModel:
         self._by_mode: dict[bool, _Traced] = {}
         self._refs: dict[bool, tuple[Tensor, dict[str, Tensor]]] = {}
         self._example: Tensor | None = None
-        self._no_example = ""  # why no example batch could be made
         self.sequential = False
         self._trace_both()
         if not self.verifies:
@@ -861,16 +861,11 @@ class TracedModel:
             self.verify(example)
             return
         inferred = _example_input(self)
-        if inferred is None:
-            self._no_example = "stitchlab cannot tell what input it takes"
-            return
-        try:
-            self.verify(inferred)
-        except _ModelFailed as exc:  # the guess was wrong: wait for a real example
-            self._no_example = (
-                f"it does not run on an input of shape {tuple(inferred.shape)} guessed from "
-                f"its first layer ({exc})"
-            )
+        if inferred is not None:
+            try:
+                self.verify(inferred)
+            except _ModelFailed:  # a wrong guess: the first real batch is the example
+                pass
 
     def _trace_both(self) -> None:
         model = self.model
@@ -972,6 +967,8 @@ class TracedModel:
         if self.sequential:
             halves = _split_sequential(self.model, point, taps)  # type: ignore[arg-type]
             self._check_halves(point, *halves, list(halves[1].tap_names))
+            if self.verifies and not self._refs:
+                self._check_on_first_call(halves[0], point, *halves, halves[1].tap_names)
             return halves
         self._check_point(point)
         tap_names = self._later(point, taps)
@@ -990,6 +987,8 @@ class TracedModel:
 
         halves = self._both(front), self._both(back)
         self._check_halves(point, *halves, tap_names)
+        if self.verifies and not self._refs:
+            self._check_on_first_call(halves[0], point, *halves, tap_names)
         return halves
 
     def tap(self, points: Sequence[str]) -> nn.Module:
@@ -1003,6 +1002,8 @@ class TracedModel:
             self._check_point(p)
         tapped = self._both(lambda t: _build_tapped(t, {p: t.points[p] for p in points}))
         self._check_halves(None, None, tapped, list(points))
+        if self.verifies and not self._refs:
+            self._check_on_first_call(tapped, None, None, tapped, list(points))
         return tapped
 
     def logits_model(self) -> nn.Module:
@@ -1107,16 +1108,28 @@ class TracedModel:
             self.verify(example)
         self._check_halves(point, front, back, list(getattr(back, "tap_names", [])), True)
 
+    def _check_on_first_call(
+        self, first: nn.Module, point: str | None, front, back, tap_names: Sequence[str]
+    ) -> None:
+        """With no example batch yet, the halves are checked on the first batch ``first``
+        (the front, or the tapped model) is called with, before it runs."""
+        handle = None
+
+        def hook(_module, args):
+            handle.remove()
+            if not args or not isinstance(args[0], Tensor):
+                return
+            if not self._refs:
+                try:
+                    self.verify(args[0])
+                except _ModelFailed:
+                    return  # the call itself raises the model's own error
+            self._check_halves(point, front, back, tap_names, True)
+
+        handle = first.register_forward_pre_hook(hook)
+
     def _ensure_verified(self) -> bool:
-        if not self.verifies:
-            return False
-        if not self._refs:
-            raise SplitError(
-                f"Cannot check the split of {type(self.model).__name__}: "
-                f"{self._no_example or 'no example batch'}. Pass example=<a batch of the "
-                "inputs it takes> (or verify=False to use the halves unchecked)."
-            )
-        return True
+        return self.verifies and bool(self._refs)
 
     def _check_halves(
         self,
@@ -1377,12 +1390,14 @@ def _example_input(tm: TracedModel) -> Tensor | None:
             first = next(iter(first.children()), None)
     else:
         t = tm._eval
-        for n in t.graph.nodes:
+        for n in t.graph.nodes:  # the first layer with weights that reads the input
             if n.op == "call_module" and t.input in _ancestors([n]):
                 m = model.get_submodule(str(n.target))
                 if isinstance(m, _INPUT_LAYERS):
                     first = m
-                break
+                    break
+                if any(True for _ in m.parameters()):
+                    break
     param = next(iter(model.parameters()), None)
     device = param.device if param is not None else torch.device("cpu")
     dtype = param.dtype if param is not None and param.is_floating_point() else torch.float32
@@ -1577,7 +1592,8 @@ def stitch_points(
 
 _CHECK_DOC = """
     Every cut checks itself on ``example`` (a batch of inputs; by default 2 random inputs
-    of the shape the model declares or its first layer takes): the halves' output must
+    of the shape the model declares or its first layer takes, else the first batch the
+    front is called with, before it runs): the halves' output must
     equal the model's own and each tap the value the whole model computes there, else a
     :class:`SplitError` names the point and the operations the back leaves out
     (``verify=False`` skips the check)."""
