@@ -13,7 +13,7 @@ from stitchlab.layers import (
 
 
 def _toy_fit(lo: float) -> tuple[float, float]:
-    """PROTOCOL section 3: fit g(x) = x from f(x) = 2|x - 0.25| + 2 on [lo, 1]."""
+    """docs/method.md section 3: fit g(x) = x from f(x) = 2|x - 0.25| + 2 on [lo, 1]."""
     x = torch.linspace(lo, 1.0, 100_001, dtype=torch.float64)[:, None]
     f = 2 * (x - 0.25).abs() + 2
     layer = StitchLayer(ActivationSpec("vector", (1,)), ActivationSpec("vector", (1,)))

@@ -299,14 +299,18 @@ def _load_model_arg(spec: str, random_init: bool = False):
 
 
 def _data_arg(args: argparse.Namespace):
+    """(stitching data, test data): the user's data as ``compare --data`` reads it, or
+    generated shapes."""
+    if args.data and args.data_root:
+        raise ValueError("give --data only (--data-root is its older name)")
+    path = args.data or args.data_root
+    if path:
+        from .data.user import load_user_data
+
+        data = load_user_data(path, size=args.image_size, n_stitch=args.n, n_test=args.n_test)
+        return data.stitch, data.test
     from .data import shapes
 
-    if args.data_root:
-        from .data import cifar10, subset
-
-        return subset(cifar10(args.data_root, train=True), args.n, seed=0), subset(
-            cifar10(args.data_root, train=False), args.n_test, seed=0
-        )
     x, y = shapes(args.n, seed=0)
     xt, yt = shapes(args.n_test, seed=1)
     return (x, y), (xt, yt)
@@ -552,7 +556,13 @@ def _parser() -> argparse.ArgumentParser:
     st.add_argument("--iris-cache", default=None, help="folder to cache IRI sets in")
     st.add_argument("--epochs", type=int, default=30)
     st.add_argument("--lr", type=float, default=1e-3)
-    st.add_argument("--data-root", default=None, help="CIFAR-10 folder (default: generated)")
+    st.add_argument("--data", default=None,
+                    help="image folder, CIFAR-10 folder, .npz, .safetensors, a Hugging Face "
+                    "datasets folder or .wav files, read as compare --data reads them "
+                    "(default: generated shapes)")  # fmt: skip
+    st.add_argument("--data-root", default=None, help=argparse.SUPPRESS)  # older name
+    st.add_argument("--image-size", type=int, default=None,
+                    help="resize the shorter side and crop the centre to N x N")  # fmt: skip
     st.add_argument("--n", type=int, default=2000, help="stitching images")
     st.add_argument("--n-test", type=int, default=1000, help="test images")
     _add_tracing_arguments(st)
@@ -567,14 +577,9 @@ def _parser() -> argparse.ArgumentParser:
     ir.add_argument("--cache", required=True, help="IRI cache folder")
     ir.add_argument("--preset", default="default",
                     choices=sorted(PRESETS),
-                    help="stitchlab's recipe (Adam, 270 steps whitened by the first "
-                    "convolution, bfloat16 where fast but the last 30, smooth inner ReLU "
-                    "gradient but the last 90 and once the inner states agree with the "
-                    "sources', tolerance 0.01, steps capped at 0.3 of the "
-                    "Polyak step on affine fronts), the paper's (200 signed steps of "
-                    "1/255), stitchlab's earlier defaults (v1-v7), or for waveforms the audio "
-                    "recipe (Adam in STFT coordinates, int16) and its earlier version "
-                    "(audio-v1)")  # fmt: skip
+                    help="stitchlab's recipe (default), the paper's (200 signed steps of "
+                    "1/255), or for waveforms the audio recipe; the other names are earlier "
+                    "defaults (docs/api.md)")  # fmt: skip
     ir.add_argument("--steps", type=int, default=None, help="override the preset's steps")
     ir.add_argument("--step-size", type=float, default=None)
     ir.add_argument("--final-step-size", type=float, default=None)
@@ -584,7 +589,13 @@ def _parser() -> argparse.ArgumentParser:
     ir.add_argument("--history", type=int, default=None,
                     help="with --optimizer lbfgs: curvature pairs per sample (20)")  # fmt: skip
     ir.add_argument("--tolerance", type=float, default=None)
-    ir.add_argument("--data-root", default=None, help="CIFAR-10 folder (default: generated)")
+    ir.add_argument("--data", default=None,
+                    help="image folder, CIFAR-10 folder, .npz, .safetensors, a Hugging Face "
+                    "datasets folder or .wav files, read as compare --data reads them "
+                    "(default: generated shapes)")  # fmt: skip
+    ir.add_argument("--data-root", default=None, help=argparse.SUPPRESS)  # older name
+    ir.add_argument("--image-size", type=int, default=None,
+                    help="resize the shorter side and crop the centre to N x N")  # fmt: skip
     ir.add_argument("--n", type=int, default=2000)
     ir.add_argument("--n-test", type=int, default=1)
     _add_tracing_arguments(ir)
