@@ -315,6 +315,11 @@ class Stitcher:
         else:
             sset = self.collect(data, protocol if protocol is not None else Standard(),
                                 seed=cfg.seed)  # fmt: skip
+        if not self._frozen_train:  # the labels must be classes of the back model
+            from ._checks import check_class_labels
+            from .data import labels_of
+
+            check_class_labels(labels_of(sset.dataset), self.num_classes, "data")
         if cfg.frozen_mode == "train" and not self._frozen_train:
             # BatchNorm statistics of the frozen networks change in train mode: own copies
             twin = self._train_mode_copy()
@@ -322,11 +327,6 @@ class Stitcher:
                                 sset.batch_size, real=sset.real)  # fmt: skip
             return twin.fit(obj, tset, settings=cfg, init=init, init_data=init_data)
         obj.bind(self.back_point, self.later_points)
-        # the labels must be classes of the back model (HLM trains on them)
-        from ._checks import check_class_labels
-        from .data import labels_of
-
-        check_class_labels(labels_of(sset.dataset), self.num_classes, "data")
         with torch.random.fork_rng(devices=_cuda_devices(self.device)):
             torch.manual_seed(cfg.seed)
             return self._fit(obj, sset, cfg, init, init_data)
