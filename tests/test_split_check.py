@@ -200,3 +200,22 @@ def test_inplace_module_and_method_without_users():
     f, b = sl.split(net, "a")
     with torch.no_grad():
         assert torch.equal(b(f(x)), net(x))
+
+
+def test_a_deferred_check_runs_once_also_for_copies_of_the_front(monkeypatch):
+    import copy
+
+    net = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2)).eval()
+    tm = TracedModel(net, verify=True)
+    tm._refs.clear()  # as if no example could be guessed
+    f, _ = tm.split("0")
+    f2 = copy.deepcopy(f)  # IRI code copies fronts
+    calls = []
+    check = TracedModel._check_halves
+    monkeypatch.setattr(TracedModel, "_check_halves",
+                        lambda self, *a, **k: calls.append(1) or check(self, *a, **k))  # fmt: skip
+    x = torch.rand(3, 4)
+    for _ in range(3):
+        f2(x)
+        f(x)
+    assert len(calls) == 1

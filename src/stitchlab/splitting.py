@@ -1114,8 +1114,12 @@ class TracedModel:
         """With no example batch yet, the halves are checked on the first batch ``first``
         (the front, or the tapped model) is called with, before it runs."""
         handle = None
+        done = [False]  # shared by copies of the half (deepcopy keeps the hook function)
 
         def hook(_module, args):
+            if done[0]:
+                return
+            done[0] = True
             handle.remove()
             if not args or not isinstance(args[0], Tensor):
                 return
