@@ -539,7 +539,8 @@ def _model_points(exp: Experiment, name: str, spec: dict) -> list[str]:
         try:
             tm = TracedModel(model, leaf_modules=tracing.get("leaf_modules", ()),
                              output=tracing.get("output"), verify=False)  # fmt: skip
-            known = set(tm.all_points()) | set(getattr(tm._eval, "rejected", {}) or {})
+            known = (set(tm.all_points()) if tm.sequential
+                     else set(tm._eval.points) | set(tm._eval.rejected))  # every name
         except SplitError as exc:
             raise ConfigError(f"{where} {exc}") from None
     for p in tracing.get("layouts", {}):
