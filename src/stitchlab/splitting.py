@@ -31,7 +31,15 @@ Corner cases (as in torchvision's ``feature_extraction``):
   model) modifies the activation at a point in place (an ``inplace=True`` ReLU right
   after a BatchNorm, as in DenseNet), the halves copy the activation first, so the
   value at a point is the value its module returned and the caller's tensors are never
-  overwritten.
+  overwritten. In-place calls whose results are unused (``h.mul_(0.5).relu_()``) are
+  kept in every half that holds memory they may modify; a point after which such a call
+  modifies a tensor from before it (that the activation may share) is not offered.
+* **Every cut checks itself** on an example batch (``example=``; by default 2 random
+  inputs of the shape the model declares or its first layer takes, else the first batch
+  the halves see): the traced graph's output and each point's value must equal the
+  model's own, and ``back(front(x))`` and every tap must equal the whole model's values,
+  else a :class:`SplitError` names the point and the operations the back leaves out.
+  The check changes no parameter, buffer, attribute, mode or random state.
 * **Outputs.** A model whose ``forward`` returns a tuple, list or dict is cut like any
   other; ``output=`` says which element is the logits (default: the ``"logits"`` entry of
   a dict or named tuple; a tuple of several elements must name it). The halves return
@@ -42,7 +50,9 @@ Corner cases (as in torchvision's ``feature_extraction``):
   ``reshape`` move it), so channels-last maps (Swin, MaxViT and ConvNeXt internals) are
   told from channels-first ones. A point whose channel axis cannot be followed, or whose
   first axis is not the batch, gets no format and stitching at it is an error that says
-  how to name its layout (``layouts=``).
+  how to name its layout (``layouts=``). Matmuls, ``einsum`` and ``F.linear`` with a
+  2-D weight are followed; where the graph still cannot be followed, the batch axis is
+  probed (vary one sample) and the channel axis taken from the next channel map.
 * The halves run the traced operations of non-leaf modules inline: forward hooks on
   leaf modules (Conv2d, Linear, ...) still fire, hooks on blocks do not.
 * Models that torch.fx cannot trace can still be split when they are
