@@ -561,3 +561,25 @@ def test_quick_raises_images_or_leaves_a_point_out(tmp_path, tinier_folder,
         run_compare(CompareSettings.quick(front=path, back=path, data=str(tinier_folder),
                                           points=("blocks.3",), protocols=("standard",)),
                     tmp_path / "q", progress=False, echo=lambda _: None)  # fmt: skip
+
+
+def test_budget_note_says_why():
+    """Under 90: an under-determined least squares names the images it needs; an exact
+    one says that training moved the ceiling away; otherwise the training budget."""
+    from stitchlab.compare import _budget_note
+
+    s = CompareSettings(front="a", back="b", data="d", epochs=2, n_stitch=128)
+
+    def runs(samples, needed, under, residual):
+        return [{"init_samples": samples, "init_images_needed": needed,
+                 "init_underdetermined": under, "init_residual": residual}]  # fmt: skip
+
+    exact, rough = runs(64, 1, False, 0.0), runs(64, 1, False, 0.3)
+    assert _budget_note(s, "p", 95.0, rough, rough) == ""
+    note = _budget_note(s, "p", 84.2, exact, exact)
+    assert "reproduced the back" in note and "2 epochs on 128 images" in note
+    assert "does not reach the identity" in _budget_note(s, "p", 80.0, rough, rough)
+    under = runs(1, 33, True, 0.0)
+    note = _budget_note(s, "p", 40.0, under, under)
+    assert "had 1 images for the 33" in note and "--n-init 33" in note
+    assert "the front's least squares too" in note
