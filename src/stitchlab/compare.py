@@ -974,13 +974,13 @@ def _budget_note(s, b: str, ceiling: float, real: list[dict], top: list[dict]) -
         note += (f"the least squares of {b} -> {b} had {samples} images for the {need} it "
                  f"needs (a ridge solution); give --n-init {need} --n-stitch {need} or more")
     elif max(e.get("init_residual") or 0.0 for e in top) < 1e-3:
-        note += (f"the least squares had its {need} images and reproduced the back "
-                 f"(residual < 0.001); the stitch's training ({s.epochs} epochs on "
+        note += (f"the least squares had {samples} images ({need} needed) and reproduced "
+                 f"the back (residual < 0.001); the stitch's training ({s.epochs} epochs on "
                  f"{s.n_stitch} images, lr {s.lr:g}) moved it away from there")
     else:
-        note += (f"the least squares had its {need} images, and the training budget ("
-                 f"{s.epochs} epochs on {s.n_stitch} images) does not reach the identity; "
-                 "give more --epochs or --n-stitch")
+        note += (f"the least squares had {samples} images ({need} needed), and the "
+                 f"training budget ({s.epochs} epochs on {s.n_stitch} images) does not "
+                 "reach the identity; give more --epochs or --n-stitch")
     fs, fneed, funder = init(real)
     if funder:
         note += f"; the front's least squares too had {fs} images for {fneed}"
