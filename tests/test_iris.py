@@ -370,11 +370,11 @@ def test_recipe_describe_names_every_choice():
     from stitchlab.iris import IRIRecipe
 
     assert IRIRecipe().describe() == (
-        "200 adam steps 0.1 -> 0.01 (beta2 0.95, no momentum out of the box, whitened by "
+        "270 adam steps 0.1 -> 0.01 (beta2 0.95, no momentum out of the box, whitened by "
         "the first convolution where the front starts with one, each at most 0.3 x its "
         "Polyak step on fronts affine up to the final ReLU) from uniform noise over "
         "the box, ReLU gradient smooth inside (sigmoid of width 0.3 x the source's sd, at "
-        "least 0.05; exact in the last 60 steps; exact once at most 10% of every inner "
+        "least 0.05; exact in the last 90 steps; exact once at most 10% of every inner "
         "ReLU's units differ in state from the source's), straight through at the output, "
         "per-sample tolerance 0.01, box (0, "
         "1), stored as uint8, in bfloat16 where the hardware has bf16 matrix units (CUDA, "

@@ -130,7 +130,7 @@ def test_lbfgs_recipe_key_description_and_validation():
     assert rec.key_dict()["history"] == 20
     assert "history" not in IRIRecipe().key_dict()  # Adam sets keep their stored keys
     assert rec.describe().startswith(
-        "200 per-sample L-BFGS steps (history 20, RMS step at most 0.1 -> 0.01) from uniform "
+        "270 per-sample L-BFGS steps (history 20, RMS step at most 0.1 -> 0.01) from uniform "
         "noise over the box"
     )
     for bad, msg in (({"history": 0}, "history must be >= 1"),

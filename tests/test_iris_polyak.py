@@ -105,8 +105,7 @@ def test_affine_fronts_are_found_and_only_they_are_capped(point, inner, relu_gra
     assert affine_front(front) is affine
     resolved = rec.for_front(front, x)
     assert (resolved.polyak == 0.3) is affine
-    v6 = IRIRecipe.from_kwargs(preset="v6", relu_grad=relu_grad, steps=200,
-                               exact_relu_steps=60).for_front(front, x)  # the default's steps
+    v6 = IRIRecipe.from_kwargs(preset="v6", relu_grad=relu_grad).for_front(front, x)
     # where the cap does not apply, the default's key (and so its stored sets) is v6's but
     # for the later switch on the inner ReLUs' states (only where there are inner ReLUs)
     own = resolved.key_dict()

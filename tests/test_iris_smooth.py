@@ -158,11 +158,11 @@ def test_exact_relu_steps_run_the_last_steps_exact(monkeypatch):
     calls.clear()
     generate_iris(net, "3", x, steps=10, preset="v5", tolerance=None)
     assert [c[0] for c in calls] == [False] * 10
-    assert IRIRecipe().exact_relu_steps == 60
-    assert IRIRecipe().key_dict()["exact_relu_steps"] == 60
+    assert IRIRecipe().exact_relu_steps == 90
+    assert IRIRecipe().key_dict()["exact_relu_steps"] == 90
     assert "exact_relu_steps" not in IRIRecipe.from_kwargs(preset="v5").key_dict()
     assert "exact_relu_steps" not in IRIRecipe(relu_grad="surrogate").key_dict()
-    assert "exact in the last 60 steps" in IRIRecipe().describe()
+    assert "exact in the last 90 steps" in IRIRecipe().describe()
     assert "exact in the last" not in IRIRecipe.from_kwargs(preset="v5").describe()
     with pytest.raises(ValueError, match="exact_relu_steps"):
         IRIRecipe.from_kwargs(exact_relu_steps=-1)
@@ -205,7 +205,7 @@ def test_earlier_presets_keep_their_keys():
         assert json.dumps(got, sort_keys=True) == json.dumps(keys, sort_keys=True), preset
     d = IRIRecipe().key_dict()
     assert (d["steps"], d["relu_grad"], d["relu_width"], d["relu_floor"], d["adam_beta2"]) == (
-        200, "smooth", 0.3, 0.05, 0.95)  # fmt: skip
+        270, "smooth", 0.3, 0.05, 0.95)  # fmt: skip
     assert d["drop_outward_momentum"] is True and "relu_slope" not in d
     for bad in ({"relu_width": 0.0}, {"relu_floor": 1.0}, {"adam_beta2": 1.0}):
         with pytest.raises(ValueError, match=next(iter(bad))):

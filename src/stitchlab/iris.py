@@ -83,7 +83,7 @@ class IRIRecipe:
     """How IRIs are optimised.
 
     The defaults are stitchlab's recipe, chosen on the IRI zoo (docs/iri_zoo.md; the
-    convergence study of docs/validation/iri_convergence.md before it): 200 Adam steps
+    convergence study of docs/validation/iri_convergence.md before it): 270 Adam steps
     whose size decays geometrically
     from 0.1 to 0.01 (box units), in bfloat16 where the hardware has bf16 matrix units
     (``amp="fast"``) but the last 30 (``float32_steps``), second-moment decay
@@ -93,7 +93,7 @@ class IRIRecipe:
     noise over the box, the gradient passed straight through a ReLU that ends the front
     and smoothly through its inner ReLUs, its saturating nonlinearities (ReLU6, Hardtanh,
     Hardsigmoid, Hardswish modules) and its max-pooling of non-overlapping windows
-    (``relu_grad="smooth"``) but in the last 60 steps
+    (``relu_grad="smooth"``) but in the last 90 steps
     (``exact_relu_steps``), where they take their exact gradient (and in all
     steps after a check at which each inner ReLU's on/off states agree with the source's
     at all but 10% of its units, ``exact_relu_mismatch``), and a sample
@@ -116,9 +116,9 @@ class IRIRecipe:
     the default, bit for bit, and its IRI sets have the same keys), ``preset="v7"`` the
     default from then until the switch on the inner ReLUs' states (the same day; the
     smooth gradient up to the exact tail wherever the states stand; on a front without
-    inner ReLUs it is the default, bit for bit, with the same keys). ``v5``-``v7`` keep
-    their 270 steps (the last 90 exact); the smooth gradient of saturating nonlinearities
-    and max-pooling is in every ``relu_grad="smooth"`` recipe (store format 3).
+    inner ReLUs it is the default, bit for bit, with the same keys). The smooth gradient
+    of saturating nonlinearities and max-pooling is in every ``relu_grad="smooth"``
+    recipe (store format 3).
 
     ``polyak`` caps each sample's step at that fraction of its Polyak step ``err /
     <grad, step>``: the size at which the error's linearisation along the step reaches 0,
@@ -241,7 +241,7 @@ class IRIRecipe:
     """
 
     # with bfloat16 where it is fast, a set costs about the paper recipe's 200 signed steps
-    steps: int = 200
+    steps: int = 270
     step_size: float = 0.1
     final_step_size: float | None = 0.01  # geometric decay to this size (None: constant)
     optimizer: Literal["sign", "adam", "l2", "lbfgs"] = "adam"
@@ -260,7 +260,7 @@ class IRIRecipe:
     relu_width: float = 0.3  # under relu_grad="smooth": sigmoid width / source's sd
     relu_floor: float = 0.05  # under relu_grad="smooth": the least backward slope
     # under relu_grad="smooth": the last steps of a batch take the exact inner-ReLU gradient
-    exact_relu_steps: int = 60
+    exact_relu_steps: int = 90
     # ... and all steps from the first check (every MISMATCH_EVERY smooth steps) at which at
     # most this fraction of every inner ReLU's units is on where the source's is off or the
     # reverse (None: never)
@@ -568,8 +568,6 @@ _CAP_V1 = {"polyak": None}
 # the smooth inner-ReLU gradient up to the exact tail whatever the ReLUs' states, as before
 # the switch on on/off agreement with the source (2026-12-06)
 _MISMATCH_V1 = {"exact_relu_mismatch": None}
-# 270 steps, the last 90 with the exact inner-ReLU gradient, as before the zoo (issue 57)
-_STEPS_V1 = {"steps": 270, "exact_relu_steps": 90}
 
 PRESETS: dict[str, dict] = {
     "default": {},
@@ -589,13 +587,13 @@ PRESETS: dict[str, dict] = {
     # the default of the late evening of 2026-12-05 (bfloat16 where fast, 270 steps) until
     # the exact inner-ReLU gradient of the last steps (that night): the smooth gradient to
     # the last step, and a converged sample's last step taken
-    "v5": {**_STEPS_V1, "exact_relu_steps": 0, **_STOP_V1, **_CAP_V1, **_MISMATCH_V1},
+    "v5": {"exact_relu_steps": 0, **_STOP_V1, **_CAP_V1, **_MISMATCH_V1},
     # the default from the night of 2026-12-05 until the Polyak cap of affine fronts
     # (2026-12-06): every step its full size; the pages of 2026-12-06 were made with it
-    "v6": {**_STEPS_V1, **_CAP_V1, **_MISMATCH_V1},
+    "v6": {**_CAP_V1, **_MISMATCH_V1},
     # the default from the Polyak cap (2026-12-06) until the switch to the exact inner-ReLU
     # gradient once the ReLUs' states agree with the source's (the same day)
-    "v7": {**_STEPS_V1, **_MISMATCH_V1},
+    "v7": {**_MISMATCH_V1},
     # stitchlab's default before December 2026 (docs/validation/iri_convergence.md): kept so
     # that the sets and pages made with it are reproduced exactly
     "v1": {"steps": 200, "step_size": 0.05, "final_step_size": 0.002,
