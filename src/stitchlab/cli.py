@@ -411,6 +411,17 @@ def _add_random_init(p: argparse.ArgumentParser) -> None:
                    help="allow a model name without weights (a random network)")  # fmt: skip
 
 
+def _add_data_arguments(p: argparse.ArgumentParser) -> None:
+    """--data (read as compare --data reads it) and --image-size, for stitch and iris."""
+    p.add_argument("--data", default=None,
+                   help="image folder, CIFAR-10 folder, .npz, .safetensors, a Hugging Face "
+                   "datasets folder or .wav files, read as compare --data reads them "
+                   "(default: generated shapes)")  # fmt: skip
+    p.add_argument("--data-root", default=None, help=argparse.SUPPRESS)  # older name
+    p.add_argument("--image-size", type=int, default=None,
+                   help="resize the shorter side and crop the centre to N x N")  # fmt: skip
+
+
 def _add_tracing_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--leaf-module", action="append", metavar="MODULE.CLASS",
                    help="a module class torch.fx must not trace into (repeatable)")  # fmt: skip
@@ -556,13 +567,7 @@ def _parser() -> argparse.ArgumentParser:
     st.add_argument("--iris-cache", default=None, help="folder to cache IRI sets in")
     st.add_argument("--epochs", type=int, default=30)
     st.add_argument("--lr", type=float, default=1e-3)
-    st.add_argument("--data", default=None,
-                    help="image folder, CIFAR-10 folder, .npz, .safetensors, a Hugging Face "
-                    "datasets folder or .wav files, read as compare --data reads them "
-                    "(default: generated shapes)")  # fmt: skip
-    st.add_argument("--data-root", default=None, help=argparse.SUPPRESS)  # older name
-    st.add_argument("--image-size", type=int, default=None,
-                    help="resize the shorter side and crop the centre to N x N")  # fmt: skip
+    _add_data_arguments(st)
     st.add_argument("--n", type=int, default=2000, help="stitching images")
     st.add_argument("--n-test", type=int, default=1000, help="test images")
     _add_tracing_arguments(st)
@@ -589,13 +594,7 @@ def _parser() -> argparse.ArgumentParser:
     ir.add_argument("--history", type=int, default=None,
                     help="with --optimizer lbfgs: curvature pairs per sample (20)")  # fmt: skip
     ir.add_argument("--tolerance", type=float, default=None)
-    ir.add_argument("--data", default=None,
-                    help="image folder, CIFAR-10 folder, .npz, .safetensors, a Hugging Face "
-                    "datasets folder or .wav files, read as compare --data reads them "
-                    "(default: generated shapes)")  # fmt: skip
-    ir.add_argument("--data-root", default=None, help=argparse.SUPPRESS)  # older name
-    ir.add_argument("--image-size", type=int, default=None,
-                    help="resize the shorter side and crop the centre to N x N")  # fmt: skip
+    _add_data_arguments(ir)
     ir.add_argument("--n", type=int, default=2000)
     ir.add_argument("--n-test", type=int, default=1)
     _add_tracing_arguments(ir)
