@@ -62,6 +62,12 @@ def test_layouts_of_a_point_the_model_does_not_have_are_refused(net):
     with pytest.raises(SplitError, match=r"layouts names 'block.1', which is no point.*"
                        r"did you mean 'blocks.1'"):  # fmt: skip
         sl.stitch(net, net, "blocks.1", (x, y), epochs=0, layouts={"block.1": "NCHW"})
+    # two models, one mapping: each takes its own points; a name of neither is refused
+    other = copy.deepcopy(net)
+    s = sl.stitch(net, other, "blocks.1", (x, y), epochs=0, layouts={"blocks.1": "NCHW"})
+    assert s.stitch_layer is not None
+    with pytest.raises(SplitError, match=r"'block.1', which is a point of neither the front"):
+        sl.stitch(net, other, "blocks.1", (x, y), epochs=0, layouts={"block.1": "NCHW"})
 
 
 @pytest.mark.parametrize("field, value, message", [

@@ -280,9 +280,9 @@ def test_labels_outside_the_classes_or_float_labels_are_refused(cnn):
     bad = y.clone()
     bad[0] = 12
     s = sl.stitch(cnn, cnn, "blocks.1", (x, y), epochs=1)
-    with pytest.raises(DataError, match="label 12 is outside 0..9"):
+    with pytest.raises(DataError, match=r"label 12 \(index 0\) is outside 0..9"):
         sl.evaluate(s, (x, bad), cnn)
-    with pytest.raises(DataError, match="label 12 is outside 0..9"):
+    with pytest.raises(DataError, match=r"label 12 \(index 0\) is outside 0..9"):
         sl.stitch(cnn, cnn, "blocks.1", (x, bad), objective="hlm", epochs=1)
     with pytest.raises(DataError, match="labels must be integers"):
         sl.stitch(cnn, cnn, "blocks.1", (x, y.float()), epochs=1)

@@ -33,7 +33,11 @@ def test_model_stitched_to_itself_scores_100_everywhere(name, init, images):
         assert scores["agreement"] == pytest.approx(100.0, abs=0.01), point
         assert scores["hard_agreement"] == 100.0
         if init == "least_squares":
-            assert s.init_residual < 1e-3
+            # a vector point wider than the 32 images (ViT's 48-wide pre_logits) leaves the
+            # least squares under-determined: a small ridge replaces the exact fit there
+            feat = s.front(x[:2])
+            under = feat.dim() == 2 and feat.shape[1] + 1 > 32
+            assert s.init_residual < (0.02 if under else 1e-3), point
 
 
 def _permuted_copy(model: models.SmallCNN, block: int) -> models.SmallCNN:

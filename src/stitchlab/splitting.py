@@ -1067,11 +1067,12 @@ class TracedModel:
                     "(leaf_modules=(ItsClass,))."
                 )
             for p in names:
-                why = (
-                    "its module does not run in the model's forward"
-                    if p not in values
-                    else _difference(acts[p], values[p])
-                )
+                if p not in values:
+                    why = "its module does not run in the model's forward"
+                elif not isinstance(values[p], Tensor):
+                    why = f"its module returns {type(values[p]).__name__} at run time, not a tensor"
+                else:
+                    why = _difference(acts[p], values[p])
                 if why is not None:
                     for tr in self._by_mode.values():
                         tr.points.pop(p, None)
@@ -1089,8 +1090,8 @@ class TracedModel:
         head = None if self.sequential else self._by_mode[training].head
 
         def keep(name: str, value) -> None:
-            if name not in values and isinstance(value, Tensor):
-                values[name] = value.detach().clone()
+            if name not in values:  # a non-tensor (a tuple) is kept to name it in the refusal
+                values[name] = value.detach().clone() if isinstance(value, Tensor) else value
 
         handles = []
         try:
@@ -1164,7 +1165,7 @@ class TracedModel:
                 act = front(x) if front is not None else x
                 out = back(act)
             where = f"{_mode(training)} mode"
-            if front is not None and point in values:
+            if front is not None and isinstance(values.get(point), Tensor):
                 diff = _difference(act, values[point])
                 if diff is not None:
                     raise SplitError(
@@ -1217,6 +1218,12 @@ class TracedModel:
 
     # -- formats ------------------------------------------------------------------
     @torch.no_grad()
+    def layout_names(self) -> set[str]:
+        """The names a ``layouts`` mapping may give: every point, offered or not."""
+        if self.sequential:
+            return set(self.all_points()) | {n for n, _ in self.model.named_children()}
+        return set(self._eval.points) | set(self._eval.rejected)
+
     def formats(
         self,
         example: Tensor,
@@ -1239,10 +1246,7 @@ class TracedModel:
                 pass  # the pass below says why the model cannot run on it
         points = list(self.points() if points is None else points)
         layouts = dict(layouts or {})
-        if self.sequential:
-            known = set(self.all_points()) | {n for n, _ in self.model.named_children()}
-        else:
-            known = set(self._eval.points) | set(self._eval.rejected)
+        known = self.layout_names()
         for p, lay in layouts.items():
             if p not in known:
                 hint = _closest(str(p), sorted(known))

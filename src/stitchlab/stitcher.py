@@ -222,7 +222,7 @@ class Stitcher:
             src, dst = both[point].require(), both[back_point].require()
         else:
             front_layouts, back_layouts = (self.layouts if isinstance(self.layouts, tuple)
-                                           else (self.layouts, self.layouts))  # fmt: skip
+                                           else _shared_layouts(self, self.layouts))  # fmt: skip
             src = _formats(self._traced_front, x0, [point], front_layouts, "front")[point]
             dst = _formats(self._traced_back, x0, [back_point], back_layouts, "back")[back_point]
             src, dst = src.require(), dst.require()
@@ -738,6 +738,24 @@ def _check_splits(st: Stitcher, x0: Tensor) -> None:
         except _ModelFailed:
             _formats(traced, x0, [point], None, what)  # raises the clear error
             raise
+
+
+def _shared_layouts(st: Stitcher, layouts: Mapping[str, str] | None) -> tuple[dict, dict]:
+    """One ``layouts`` mapping for two models: each model takes the names that are its
+    points; a name that is a point of neither is an error."""
+    from .splitting import SplitError
+
+    layouts = dict(layouts or {})
+    front, back = st._traced_front.layout_names(), st._traced_back.layout_names()
+    for p in layouts:
+        if p not in front and p not in back:
+            raise SplitError(
+                f"layouts names {p!r}, which is a point of neither the front "
+                f"({type(st.front_model).__name__}) nor the back ({type(st.back_model).__name__}); "
+                "name the points whose layout you give (stitchlab layers lists them)."
+            )
+    return ({p: v for p, v in layouts.items() if p in front},
+            {p: v for p, v in layouts.items() if p in back})  # fmt: skip
 
 
 def _formats(traced: TracedModel, x0: Tensor, points: list[str], layouts, what: str = "model"):
