@@ -116,7 +116,7 @@ def describe_iri_recipe(recipe: dict) -> str:
     lo, hi = recipe["box"]
     steps = f"{recipe['steps']} {recipe['optimizer']} steps {size}"
     extra = []
-    if recipe["optimizer"] == "adam":  # fields added on 2026-12-04; absent: Adam as before
+    if recipe["optimizer"] == "adam":  # older recipes lack these fields: Adam as before
         if recipe.get("adam_beta2", 0.999) != 0.999:
             extra.append(f"beta2 {recipe['adam_beta2']:g}")
         if recipe.get("drop_outward_momentum", False):
@@ -129,7 +129,7 @@ def describe_iri_recipe(recipe: dict) -> str:
             extra.append("whitened by the first convolution")
         elif recipe.get("precondition") == "auto":
             extra.append("whitened by the first convolution where the front starts with one")
-    if recipe.get("polyak") is not None and recipe["optimizer"] != "lbfgs":  # 2026-12-06
+    if recipe.get("polyak") is not None and recipe["optimizer"] != "lbfgs":
         where = {"affine": " on fronts affine up to the final ReLU", "all": ""}.get(
             recipe.get("polyak_fronts", "affine"), ""
         )
