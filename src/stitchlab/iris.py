@@ -102,21 +102,9 @@ class IRIRecipe:
     convolution, BatchNorm and ReLU) each sample's step is at most 0.3 of its Polyak step
     (``polyak``). :meth:`paper` is PROTOCOL section 3
     exactly (200 signed steps of 1/255, no early stop), also reachable as
-    ``preset="paper"`` wherever recipe options are given; ``preset="v1"`` is stitchlab's
-    earlier default (Adam 0.05 -> 0.002, straight-through final ReLU only), with which
-    the pages measured before December 2026 were made, ``preset="v2"`` the default of
-    December 2026 up to the 4th (``relu_grad="surrogate"``, Adam's usual beta2 0.999) and
-    ``preset="v3"`` the default from then until the first-layer preconditioner
-    (2026-12-05; Adam in pixels, ``precondition="none"``), ``preset="v4"`` the default
-    of 2026-12-05 until bfloat16 (180 steps, float32 on a CPU) and ``preset="v5"`` the
-    default from then until the exact inner-ReLU gradient of the last steps (the night of
-    2026-12-05; the smooth gradient to the last step, and a sample that met the tolerance
-    also took that iteration's step), ``preset="v6"`` the default from then until the
-    Polyak cap (2026-12-06; every step its full size; on a front that is not affine it is
-    the default, bit for bit, and its IRI sets have the same keys), ``preset="v7"`` the
-    default from then until the switch on the inner ReLUs' states (the same day; the
-    smooth gradient up to the exact tail wherever the states stand; on a front without
-    inner ReLUs it is the default, bit for bit, with the same keys). The smooth gradient
+    ``preset="paper"`` wherever recipe options are given. ``preset="v1"`` to ``"v7"``
+    are stitchlab's earlier defaults, each the current default less the changes made after
+    it (docs/recipes.md lists them); pages measured with one name it. The smooth gradient
     of saturating nonlinearities and max-pooling is in every ``relu_grad="smooth"``
     recipe (store format 3).
 
@@ -248,7 +236,7 @@ class IRIRecipe:
     start: Literal["noise", "image", "blur", "scaled_noise"] = "noise"  # image: another source
     tolerance: float | None = 0.01  # a sample stops once its relative error is below
     # a sample that meets the tolerance keeps the iterate that met it (False: it also takes
-    # that iteration's step, as every recipe did before the night of 2026-12-05)
+    # that iteration's step, as presets up to v5 do)
     keep_converged: bool = True
     box: tuple[float, float] = (0.0, 1.0)
     batch_size: int = 128
@@ -557,16 +545,16 @@ PRECISIONS = ("uint8", "int16", "float32")
 
 
 #: Named starting points for IRI recipes (see :class:`IRIRecipe`).
-# Adam before 2026-12-04 (in the inputs' own coordinates, as every default until 2026-12-05)
+# Adam with its usual moments, in the inputs' own coordinates (v1, v2, paper)
 _ADAM_V1 = {"adam_beta2": 0.999, "drop_outward_momentum": False, "precondition": "none"}
-# mixed precision before 2026-12-05's last change: bf16 on CUDA only, to the last step
+# mixed precision of presets up to v4: bf16 on CUDA only, to the last step
 _AMP_V1 = {"amp": "auto", "float32_steps": 0, "float32_below": None}
-# the stop before the night of 2026-12-05: a converged sample also took that iteration's step
+# a converged sample also takes that iteration's step (presets up to v5)
 _STOP_V1 = {"keep_converged": False}
-# every step its full size, as before the Polyak cap of affine fronts (2026-12-06)
+# every step its full size, without the Polyak cap of affine fronts (presets up to v6)
 _CAP_V1 = {"polyak": None}
-# the smooth inner-ReLU gradient up to the exact tail whatever the ReLUs' states, as before
-# the switch on on/off agreement with the source (2026-12-06)
+# the smooth inner-ReLU gradient up to the exact tail whatever the ReLUs' states, without
+# the switch on on/off agreement with the source (presets up to v7)
 _MISMATCH_V1 = {"exact_relu_mismatch": None}
 
 PRESETS: dict[str, dict] = {
@@ -576,46 +564,39 @@ PRESETS: dict[str, dict] = {
         "start": "noise", "tolerance": None, "relu_grad": "exact", **_ADAM_V1, **_AMP_V1,
         **_STOP_V1, **_CAP_V1, "amp": "off",  # the released loop: float32 on every device
     },
-    # the default from 2026-12-04 until the first-layer preconditioner (2026-12-05): Adam in
-    # pixels; the pages of that time were made with it
+    # Adam in pixels (no first-layer preconditioner), 180 steps
     "v3": {"steps": 180, "precondition": "none", "exact_relu_steps": 0, **_AMP_V1, **_STOP_V1,
            **_CAP_V1, **_MISMATCH_V1},
-    # the default of 2026-12-05 until bfloat16 where it is fast (the same evening): whitened
-    # by the first convolution, 180 steps in float32 on a CPU
+    # whitened by the first convolution, 180 steps, float32 on a CPU
     "v4": {"steps": 180, "exact_relu_steps": 0, **_AMP_V1, **_STOP_V1, **_CAP_V1,
            **_MISMATCH_V1},
-    # the default of the late evening of 2026-12-05 (bfloat16 where fast, 270 steps) until
-    # the exact inner-ReLU gradient of the last steps (that night): the smooth gradient to
-    # the last step, and a converged sample's last step taken
+    # bfloat16 where fast, 270 steps: the smooth gradient to the last step, and a converged
+    # sample's last step taken
     "v5": {"exact_relu_steps": 0, **_STOP_V1, **_CAP_V1, **_MISMATCH_V1},
-    # the default from the night of 2026-12-05 until the Polyak cap of affine fronts
-    # (2026-12-06): every step its full size; the pages of 2026-12-06 were made with it
+    # the exact inner-ReLU gradient in the last steps; every step its full size
     "v6": {**_CAP_V1, **_MISMATCH_V1},
-    # the default from the Polyak cap (2026-12-06) until the switch to the exact inner-ReLU
-    # gradient once the ReLUs' states agree with the source's (the same day)
+    # the Polyak cap on affine fronts; no switch on the ReLUs' states agreeing with the source's
     "v7": {**_MISMATCH_V1},
-    # stitchlab's default before December 2026 (docs/validation/iri_convergence.md): kept so
-    # that the sets and pages made with it are reproduced exactly
+    # Adam 0.05 -> 0.002 with a straight-through final ReLU only; reproduces the sets and
+    # pages made with it exactly
     "v1": {"steps": 200, "step_size": 0.05, "final_step_size": 0.002,
            "relu_grad": "straight_through", **_ADAM_V1, **_AMP_V1, **_STOP_V1, **_CAP_V1},
-    # the default from early December 2026 to 2026-12-04 (surrogate inner ReLUs, Adam's
-    # usual moments), with which the pages of that time were made
+    # surrogate inner-ReLU gradient, Adam's usual moments
     "v2": {"steps": 200, "step_size": 0.1, "final_step_size": 0.01, "relu_grad": "surrogate",
            "relu_slope": 0.1, **_ADAM_V1, **_AMP_V1, **_STOP_V1, **_CAP_V1},
     # waveforms in [-1, 1]: a quiet Gaussian start (uniform noise over the box never
     # converges), 300 Adam steps of 0.003 decaying to 0.0001 (the image steps leave a log-mel
-    # front 0.5-0.7 off), int16 storage (uint8 levels are 1/127 of full scale); since
-    # 2026-12-05 in STFT coordinates with the image default's smooth inner-ReLU gradient
-    # and moments, 1.8-19x closer (median 3.4x) on the speech demo's models (audio.md,
-    # "IRIs in STFT coordinates")
+    # front 0.5-0.7 off), int16 storage (uint8 levels are 1/127 of full scale); in
+    # STFT coordinates with the image default's smooth inner-ReLU gradient and moments
+    # (docs/validation/audio.md, "IRIs in STFT coordinates")
     "audio": {
         "steps": 300, "step_size": 0.003, "final_step_size": 0.0001, "start": "scaled_noise",
         "start_scale": 0.003, "box": (-1.0, 1.0), "precision": "int16", "stft_window": 256,
         "precondition": "none", "exact_relu_steps": 0, **_AMP_V1, **_STOP_V1, **_CAP_V1,
         **_MISMATCH_V1,
     },
-    # the audio preset up to 2026-12-05 (straight-through final ReLU, Adam's usual moments,
-    # in samples), with which the earlier speech pages were made
+    # the earlier audio preset (straight-through final ReLU, Adam's usual moments, in
+    # samples), with which the earlier speech pages were made
     "audio-v1": {
         "steps": 300, "step_size": 0.003, "final_step_size": 0.0001, "start": "scaled_noise",
         "start_scale": 0.003, "box": (-1.0, 1.0), "precision": "int16",
