@@ -1,10 +1,10 @@
 """Stitch-training settings and the one training loop of a stitch layer.
 
-:class:`TrainingConfig` holds every setting of a stitch run (PROTOCOL section 5 by
-default); :func:`train_layer` is the loop every objective and protocol trains with, over
-batches of (front activations, back targets) that come from an activation cache or are
-streamed. The life cycle around it (copy, trace, initialise, collect, fit, evaluate) is
-:class:`stitchlab.stitcher.Stitcher`.
+:class:`TrainingConfig` holds every setting of a stitch run (its defaults are the
+stitch-training settings of docs/method.md section 5); :func:`train_layer` is the loop
+every objective and protocol trains with, over batches of (front activations, back
+targets) that come from an activation cache or are streamed. The life cycle around it
+(copy, trace, initialise, collect, fit, evaluate) is :class:`stitchlab.stitcher.Stitcher`.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ UNDERDETERMINED_RIDGE = 1e-3
 
 @dataclass
 class TrainingConfig:
-    """Stitch-training settings; defaults are PROTOCOL section 5."""
+    """Stitch-training settings; its defaults are those of docs/method.md section 5."""
 
     epochs: int = 30
     batch_size: int | None = None  # None: the DataLoader's, else 128
