@@ -10,8 +10,8 @@ and prints SLM's agreement per pair, point and protocol from ``results.csv``. Th
 finding to look for: standard stitching calls the shortcut front similar to the clean
 back, invariance-aware stitching does not.
 
-Full size (CIFAR-10 in ``$STITCHLAB_DATA/cifar-10-batches-py``; about 3 hours on 2 CPU
-cores, docs/validation/experiment_a.md)::
+Full size (CIFAR-10 in ``$STITCHLAB_DATA/cifar-10-batches-py``; hours on a CPU, where the
+three base models train 10 epochs on 50,000 images; its results: docs/validation/a.md)::
 
     STITCHLAB_DATA=/data python examples/experiment_a.py --out runs/a
     python examples/experiment_a.py --smoke    # a tiny generated CIFAR-10, seconds

@@ -81,8 +81,14 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
         default=None,
         help="stitch points (default: every point stitch_points gives)",
     )
+    p.add_argument(
+        "--allow-flagged",
+        action="store_true",
+        help="train on IRIs that miss the quality limits (the smoke sizes do)",
+    )
     args = p.parse_args(argv)
     if args.smoke:
+        args.allow_flagged = True
         args.width, args.n_train, args.n_stitch, args.n_test = 4, 96, 32, 32
         args.epochs, args.stitch_epochs, args.iri_steps = 1, 1, 3
         args.points = args.points or ["middle", "late"]
@@ -114,7 +120,7 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
              "agreement": own["agreement"], "hard": own["hard_agreement"]}]  # fmt: skip
 
     recipe = sl.IRIRecipe() if args.iri_steps is None else sl.IRIRecipe(steps=args.iri_steps)
-    protocols = [sl.Standard(), sl.InvarianceAware(recipe=recipe, allow_flagged=args.smoke)]
+    protocols = [sl.Standard(), sl.InvarianceAware(recipe=recipe, allow_flagged=args.allow_flagged)]
     settings = TrainingConfig(epochs=args.stitch_epochs)
     for point in args.points or points:
         st = sl.Stitcher(front, back, point)  # one per point: the work is shared

@@ -12,7 +12,7 @@ same from the command line, with intervals, a random-front null and a stored, re
 run (docs/compare.md).
 
 Run it at full size (ImageNet-trained weights saved with ``torch.save(model.state_dict())``
-or as safetensors; about 20 minutes on 2 CPU cores for three points)::
+or as safetensors; three points by default)::
 
     python examples/torchvision_folder.py --data my_images/ \\
         --front torchvision:resnet18 --front-weights resnet18_a.pth \\
@@ -88,9 +88,15 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
     p.add_argument("--epochs", type=int, default=6, help="stitch-training epochs")
     p.add_argument("--objective", default="slm", choices=["hlm", "slm", "dm", "fula"])
     p.add_argument("--iri-steps", type=int, help="IRI steps (default: stitchlab's recipe)")
+    p.add_argument(
+        "--allow-flagged",
+        action="store_true",
+        help="train on IRIs that miss the quality limits (the smoke sizes do)",
+    )
     args = p.parse_args(argv)
     tmp = None
     if args.smoke:
+        args.allow_flagged = True
         tmp = tempfile.TemporaryDirectory()
         args.data = str(write_folder(Path(tmp.name) / "images"))
         args.random_init, args.size, args.n_stitch, args.n_test = True, 32, 24, 12
@@ -115,7 +121,7 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
     points = args.points or [shared[len(shared) * k // 3] for k in (1, 2)] + [shared[-1]]
 
     recipe = sl.IRIRecipe() if args.iri_steps is None else sl.IRIRecipe(steps=args.iri_steps)
-    protocols = [sl.Standard(), sl.InvarianceAware(recipe=recipe, allow_flagged=args.smoke)]
+    protocols = [sl.Standard(), sl.InvarianceAware(recipe=recipe, allow_flagged=args.allow_flagged)]
     settings = TrainingConfig(epochs=args.epochs)
     identity = TrainingConfig(epochs=0)  # the least-squares stitch alone
     rows = []
