@@ -7,15 +7,22 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch.fx as fx
 from torch import nn
 
 from ..layouts import target_name
 
-if TYPE_CHECKING:
-    from ._trace import _Traced
+
+class _Traced(Protocol):
+    """What this module reads of a traced model (``_trace._Traced`` provides it)."""
+
+    root: nn.Module
+    logits: fx.Node
+    position: dict[fx.Node, int]
+    bases: dict[fx.Node, fx.Node]
+    mutations: list[tuple[fx.Node, fx.Node]]
 
 
 def _ancestors(roots: Iterable[fx.Node], stop: fx.Node | None = None) -> set[fx.Node]:
