@@ -10,7 +10,7 @@ Limit: the prefix's own forward + backward (to the input) for the same batch and
 
 Time to quality: stitchlab's default recipe (270 Adam steps 0.1 -> 0.01 whitened by the
 first convolution, bfloat16 where fast with a float32 tail, smooth inner-ReLU gradient,
-tolerance) and its earlier defaults (presets "v1", "v3" and "v4") against the paper's
+tolerance), and it in pixels, against the paper's
 recipe on a trained small CNN: seconds and median error, same run.
 
     python benchmarks/iris.py [--width 16] [--batch 128] [--steps 20] [--tables quality]
@@ -335,23 +335,13 @@ def measure_compile(width: int = 16, batch: int = 128, steps: int = 20, repeats:
     return rows
 
 
-#: Recipes of the time-to-quality tables by name: presets, and the per-sample L-BFGS
-#: optimiser on v2's other settings (its surrogate slope 0.1, or 0.15; history 20, 10 or 5)
-#: or on today's default's (lbfgs-smooth).
+#: Recipes of the time-to-quality tables by name (stitchlab's earlier defaults, presets
+#: v1-v7, and the options they used were removed: commit 14a97ef is the last that runs them).
 RECIPES = {
     "paper": {"preset": "paper"},
-    "v1": {"preset": "v1"},
-    "v2": {"preset": "v2"},
-    "v3": {"preset": "v3"},  # the default before the first-layer preconditioner (2026-12-05)
-    "v4": {"preset": "v4"},  # whitened, 180 steps in float32 (2026-12-05, until bfloat16)
-    "v5": {"preset": "v5"},  # bfloat16, smooth inner-ReLU gradient to the last step
-    "v6": {"preset": "v6"},  # the default before the Polyak cap of affine fronts (2026-12-06)
-    # the default before the switch to the exact inner-ReLU gradient on the ReLUs' states
-    "v7": {"preset": "v7"},
-    # the cap's fraction and where it applies (docs/validation/iri_convergence.md)
+    # the cap's fraction (docs/validation/iri_convergence.md)
     "polyak-0.5": {"polyak": 0.5},
     "polyak-1": {"polyak": 1.0},
-    "polyak-all": {"polyak_fronts": "all"},
     "default": {},
     # what the default runs on a machine where bfloat16 is not fast (a CPU without AMX)
     "default-float32": {"amp": "off"},
@@ -361,73 +351,10 @@ RECIPES = {
     "default-170": {"steps": 170},
     "default-270": {"steps": 270},
     "default-360": {"steps": 360},
-    "opponent": {"colour_basis": "opponent"},
-    "lbfgs": {"preset": "v2", "optimizer": "lbfgs"},
-    "lbfgs-0.15": {"preset": "v2", "optimizer": "lbfgs", "relu_slope": 0.15},
-    "lbfgs-0.15-h10": {"preset": "v2", "optimizer": "lbfgs", "relu_slope": 0.15, "history": 10},
-    "lbfgs-0.15-h5": {"preset": "v2", "optimizer": "lbfgs", "relu_slope": 0.15, "history": 5},
-    "lbfgs-smooth": {"optimizer": "lbfgs"},
-    # waveforms: the audio preset since 2026-12-05 (STFT coordinates), it without them, and
-    # the audio preset before (audio-v1)
+    # waveforms: the audio preset (STFT coordinates) and it without them
     "audio": {"preset": "audio"},
     "audio-samples": {"preset": "audio", "stft_window": 0},
-    "audio-v1": {"preset": "audio-v1"},
 }
-
-
-def _two_loop(g, s, y, rho, gamma):
-    """The baseline: L-BFGS's two-loop recursion for every sample (stitchlab's before
-    the compact form), ``4 m`` passes over ``(B, D)`` vectors."""
-    q, alphas = g.clone(), []
-    for k in reversed(range(len(s))):
-        a = rho[k] * (s[k] * q).sum(1)
-        q.addcmul_(y[k], a[:, None], value=-1.0)
-        alphas.append(a)
-    r = q.mul_(gamma[:, None])
-    for k, a in zip(range(len(s)), reversed(alphas)):
-        r.addcmul_(s[k], (a - rho[k] * (y[k] * r).sum(1))[:, None])
-    return r
-
-
-def _pairs_row(m: int, batch: int, dim: int, repeats: int, gen: torch.Generator) -> dict:
-    """One row of :func:`measure_pairs`: history ``m``."""
-    from stitchlab.iris import _Pairs
-
-    a = torch.randn(dim, 16, generator=gen) / 4
-    s = [torch.randn(batch, dim, generator=gen) for _ in range(m)]
-    y = [sk + (sk @ a) @ a.T for sk in s]  # y = (I + A A^T) s: positive curvature
-    rho = [1.0 / (sk * yk).sum(1) for sk, yk in zip(s, y)]
-    g, gamma = torch.randn(batch, dim, generator=gen), torch.full((batch,), 0.5)
-    pairs, valid = _Pairs(batch, dim, m, g), torch.ones(batch, dtype=torch.bool)
-    for sk, yk in zip(s, y):
-        wg = pairs.add(sk, yk, valid, g)
-    ref = _two_loop(g, s, y, rho, gamma)
-    diff = ((pairs.apply(g, wg, gamma) - ref).norm(dim=1) / ref.norm(dim=1)).max().item()
-    sec = {"two-loop": math.inf, "compact": math.inf}
-    for _ in range(3):
-        t0 = time.perf_counter()
-        for _ in range(repeats):
-            _two_loop(g, s, y, rho, gamma)
-        sec["two-loop"] = min(sec["two-loop"], (time.perf_counter() - t0) / repeats)
-        t0 = time.perf_counter()
-        for _ in range(repeats):  # the ring is full: each pair replaces the oldest
-            pairs.apply(g, pairs.add(s[0], y[0], valid, g), gamma)
-        sec["compact"] = min(sec["compact"], (time.perf_counter() - t0) / repeats)
-    return {
-        "history": m, "two-loop ms": f"{sec['two-loop'] * 1e3:.2f}",
-        "compact ms (pair stored + H g)": f"{sec['compact'] * 1e3:.2f}",
-        "speed-up": f"{sec['two-loop'] / sec['compact']:.2f}x",
-        "max relative difference": f"{diff:.1e}",
-    }  # fmt: skip
-
-
-def measure_pairs(batch: int = 32, dim: int = 3072, repeats: int = 50) -> list[dict]:
-    """Milliseconds per L-BFGS step outside the network: storing a pair and ``H g`` by the
-    compact form (:class:`stitchlab.iris._Pairs`) against the two-loop recursion, per
-    history length, on ``batch`` samples of ``dim`` pixels (a 32x32 RGB image: 3072), and
-    the largest relative difference of the two products on the same pairs."""
-    gen = torch.Generator().manual_seed(0)
-    return [_pairs_row(m, batch, dim, repeats, gen) for m in (5, 10, 20)]
 
 
 def _quality_rows(model, src, points, presets, repeats: int) -> list[dict]:
@@ -459,14 +386,14 @@ def _quality_rows(model, src, points, presets, repeats: int) -> list[dict]:
 
 
 #: The recipes of the small CNN's time-to-quality table (the first is the baseline).
-QUALITY_RECIPES = ("paper", "v1", "v3", "v4", "v6", "v7", "default")
+QUALITY_RECIPES = ("paper", "default-pixels", "default")
 
 
 def time_to_quality(
     n: int = 128, seed: int = 0, repeats: int = 3, recipes: tuple[str, ...] = QUALITY_RECIPES
 ) -> list[dict]:
-    """stitchlab's default recipe and its earlier defaults (presets "v1", "v3", "v4", "v6", "v7")
-    against the paper's (200 signed steps of 1/255; ``recipes``: the first is the baseline)
+    """stitchlab's default recipe (whitened, and in pixels) against the paper's (200 signed
+    steps of 1/255; ``recipes``: the first is the baseline)
     on a trained small CNN (generated shapes, 3 epochs):
     seconds and median relative error per point, and the time ratio. The recipes are
     run interleaved ``repeats`` times and each keeps its fastest run, so a burst of load on
@@ -612,12 +539,12 @@ def main() -> None:
                     help="interleaved runs of each timed setting (each keeps its fastest)")
     ap.add_argument(
         "--tables",
-        choices=("both", "released", "quality", "memory", "amp", "fold", "pairs", "budget",
+        choices=("both", "released", "quality", "memory", "amp", "fold", "budget",
                  "whiten", "compile"),
         default="both",
         help="released-loop table, time-to-quality table, both, the memory-format table, "
         "bfloat16 autocast against float32, BatchNorm folded against as it is, or "
-        "L-BFGS's compact pairs against the two-loop recursion, or the default's time per "
+        "the default's time per "
         "step and phase against the paper recipe's (budget; with --config on a stored front), "
         "or the whitened Adam update now against before 2026-12-06 (whiten), or the "
         "prefix's forward+backward under torch.compile against eager mode (compile)",
@@ -671,11 +598,6 @@ def main() -> None:
               f"runs; eager mode is the baseline")  # fmt: skip
         print(markdown_table(measure_compile(args.width, args.batch, args.steps,
                                              args.repeats)))  # fmt: skip
-        return
-    if args.tables == "pairs":
-        print(f"L-BFGS outside the network: one pair stored and H g per step, batch 32, "
-              f"3072 pixels, {args.threads} threads, fastest of 3 runs of 50")  # fmt: skip
-        print(markdown_table(measure_pairs()))
         return
     settings = {  # table: (what it compares, its baseline, its measurement)
         "memory": ("Memory format", "contiguous", measure_memory_format),

@@ -4,9 +4,9 @@ Baseline: the same ``mel_cnn`` with its log-mel front end computed by ``torch.st
 (complex FFT, Hann window, centred, reflect padding), the implementation stitchlab had
 before. Measured: stitchlab's ``LogMel`` (one strided ``conv1d`` with the windowed DFT
 rows). Both give the same log-mel to float32 rounding (printed). Per stitch point: the
-seconds of ``generate_iris`` with the ``audio-v1`` preset (the audio preset with which the
-benchmark was measured, before 2026-12-05) on the same clips, the same steps and
-the same seed, and the ratio.
+seconds of ``generate_iris`` with the ``audio`` preset in samples (``stft_window=0``; the
+benchmark was measured with the earlier audio preset, audio-v1, at commit 14a97ef) on the
+same clips, the same steps and the same seed, and the ratio.
 
     python benchmarks/mel_front.py [--width 16] [--clips 160] [--steps 20] [--threads 2]
 """
@@ -64,9 +64,10 @@ def measure(width: int = 16, clips: int = 160, steps: int = 20) -> list[dict]:
     for point in model.stitchlab_points:
         timings = {}
         for name, net in (("torch.stft", baseline), ("conv1d DFT", model)):
-            generate_iris(net, point, x[:8], steps=2, preset="audio-v1")  # warm-up
+            generate_iris(net, point, x[:8], steps=2, preset="audio", stft_window=0)  # warm-up
             t0 = time.perf_counter()
-            generate_iris(net, point, x, steps=steps, preset="audio-v1", batch_size=clips,
+            generate_iris(net, point, x, steps=steps, preset="audio", stft_window=0,
+                          batch_size=clips,
                           tolerance=0.0)  # fmt: skip
             timings[name] = time.perf_counter() - t0
         rows.append({

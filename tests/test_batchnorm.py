@@ -136,7 +136,7 @@ def test_iris_with_and_without_folding_agree(tmp_path, monkeypatch):
         counts.append(out[1])
         return out
 
-    monkeypatch.setattr("stitchlab.iris.folded", recording)
+    monkeypatch.setattr("stitchlab.iris.descent.folded", recording)
     with mode("0"):
         plain = generate_iris(net, "layer1.1", x, steps=40)
     fold = generate_iris(net, "layer1.1", x, steps=40)

@@ -110,8 +110,8 @@ def test_tracing_keys_reach_the_jobs_and_keep_store_keys(tmp_path):
 
 def test_iris_run_key_names_the_resolved_recipe():
     """An invariance-aware run's store key follows the IRI recipe it uses, not the [iris]
-    table's text: the default written out is the same run; the earlier default (preset
-    "v1") or another threshold is another run; a standard run ignores [iris]."""
+    table's text: the default written out is the same run; the paper's recipe or another
+    threshold is another run; a standard run ignores [iris]."""
     from stitchlab.experiments import with_fingerprints
     from stitchlab.experiments.jobs import StitchRun, stitch_key
     from stitchlab.iris import IRIRecipe
@@ -127,11 +127,11 @@ def test_iris_run_key_names_the_resolved_recipe():
 
     d = IRIRecipe()
     written = {"step_size": d.step_size, "final_step_size": d.final_step_size,
-               "relu_grad": d.relu_grad, "relu_slope": d.relu_slope}  # fmt: skip
+               "relu_grad": d.relu_grad, "relu_width": d.relu_width}  # fmt: skip
     assert key({}) == key(written)
-    assert key({}) != key({"preset": "v1"})
+    assert key({}) != key({"preset": "paper"})
     assert key({}) != key({"threshold": 0.4})
-    assert key({}, "standard") == key({"preset": "v1"}, "standard")
+    assert key({}, "standard") == key({"preset": "paper"}, "standard")
     # the IRIs' random start: seed 0 is the default's key, another seed another run
     assert key({"seed": 0}) == key({}) and key({"seed": 1}) != key({})
     from stitchlab.experiments.jobs import _iris_key

@@ -29,11 +29,13 @@ def _net() -> nn.Module:
 def test_default_variant_reproduces_generate_iris():
     net = _net()
     x = torch.rand(6, 3, 12, 12, generator=torch.Generator().manual_seed(1))
-    # the loop's plain row is the default of early December 2026 (preset "v2"); with the
-    # smooth inner gradient, beta2 0.95 and no outward momentum it is the default of
-    # 2026-12-04/05 (preset "v3"; the loop runs in pixels, not whitened)
+    # with the smooth inner gradient, beta2 0.95 and no outward momentum the loop is the
+    # default's in pixels without its exact tail, switch, cap or float32 tail
+    pixels = {"precondition": "none", "exact_relu_steps": 0, "exact_relu_mismatch": None,
+              "polyak": None, "amp": "auto", "float32_steps": 0, "float32_below": None,
+              "keep_converged": False}  # fmt: skip
     v3 = {"smooth": (0.3, 0.05), "b2": 0.95, "project": True}
-    for recipe, kw in (({"preset": "v2"}, {}), ({"preset": "v3"}, v3)):
+    for recipe, kw in ((pixels, v3),):
         with mode("0"):  # both in NCHW, so the two loops round alike
             ref = generate_iris(net, "5", x, steps=30, seed=0, **recipe)
             front = alternatives.annealable_front(net, "5")

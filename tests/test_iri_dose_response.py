@@ -46,7 +46,7 @@ threads = 1
 """
 
 ROUGH = "sign 40 steps 8/255->0.5/255"
-DEFAULT = "whitened, 270 steps, bfloat16 where fast (the default since 2026-12-05)"
+DEFAULT = "default"
 
 
 @pytest.fixture(scope="module")

@@ -88,7 +88,7 @@ def test_options_box_start_optimizer_tolerance(trained):
         generate_iris(model, "blocks.0", xn, steps=1)
     for kw in (
         dict(optimizer="adam", step_size=0.02),
-        dict(optimizer="l2"),
+        dict(optimizer="sign", step_size=1 / 255),
         dict(start="image"),
         dict(start="blur"),
     ):
@@ -248,74 +248,33 @@ def test_straight_through_relu_is_exact_forward_and_identity_backward():
     torch.manual_seed(0)
     m = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Flatten(), nn.Linear(512, 2))
     xs = torch.rand(8, 3, 8, 8)
-    r = generate_iris(m, "1", xs, steps=30, relu_grad="straight_through")
+    r = generate_iris(m, "1", xs, steps=30)  # the smooth gradient: the final ReLU straight through
     with torch.no_grad():
         t, f = m[1](m[0](xs)), m[1](m[0](r.iris))
     exact = (f - t).flatten(1).norm(dim=1) / t.flatten(1).norm(dim=1)
     torch.testing.assert_close(r.rel_error, exact, rtol=1e-4, atol=1e-5)
 
 
-def test_surrogate_relu_gradient_and_fronts():
-    """relu_grad="surrogate": exact forward; backward slope 1 / ``relu_slope`` at inner ReLUs,
-    identity at the final one; every inner ReLU replaced, both in traced and plain fronts."""
-    from stitchlab.iris import IRIRecipe, _frozen_front, surrogate_relu
+def test_removed_presets_and_options_are_refused_by_name():
+    """The earlier defaults and the options no preset used are gone: naming one is a clear
+    error that says what to do, never a silently different recipe."""
+    from stitchlab.iris import PRESETS, IRIRecipe
 
-    x = torch.tensor([-1.0, 0.0, 0.5, 2.0], requires_grad=True)
-    y = surrogate_relu(x, 0.25)
-    assert torch.equal(y, torch.tensor([0.0, 0.0, 0.5, 2.0]))
-    (y * torch.tensor([1.0, 2.0, 3.0, 4.0])).sum().backward()
-    assert torch.equal(x.grad, torch.tensor([0.25, 0.5, 3.0, 4.0]))  # hand-computed
-    # in place, as the model's own relu_: the same values and gradient, the input overwritten
-    x2 = torch.tensor([-1.0, 0.0, 0.5, 2.0], requires_grad=True)
-    h = x2 * 1.0
-    y2 = surrogate_relu(h, 0.25, inplace=True)
-    assert y2 is h and torch.equal(h, y)
-    (y2 * torch.tensor([1.0, 2.0, 3.0, 4.0])).sum().backward()
-    assert torch.equal(x2.grad, x.grad)
-    # a 1-unit chain relu(w2 * relu(w1 * x)) at x where the inner unit is off (w1 x = -2):
-    # exact gradient 0; surrogate: the final ReLU passes 1, the inner one relu_slope
-    m = nn.Sequential(nn.Linear(1, 1, bias=False), nn.ReLU(), nn.Linear(1, 1, bias=False),
-                      nn.ReLU(), nn.Linear(1, 2))  # fmt: skip
-    with torch.no_grad():
-        m[0].weight.fill_(-2.0)
-        m[2].weight.fill_(3.0)
-    xs = torch.ones(1, 1)
-    grads = {}
-    for mode in ("exact", "straight_through", "surrogate"):
-        front = _frozen_front(m, "3", relu_grad=mode, relu_slope=0.1)
-        xi = xs.clone().requires_grad_(True)
-        out = front(xi)
-        assert torch.equal(out, torch.zeros(1, 1))  # the forward is exact in every mode
-        out.sum().backward()
-        grads[mode] = float(xi.grad)
-    assert grads == {"exact": 0.0, "straight_through": 0.0,
-                     "surrogate": pytest.approx(-2.0 * 0.1 * 3.0 * 1.0)}  # fmt: skip
-    # a traced ResNet front: all 8 ReLU calls before layer2.1's output are replaced
-    net = models.create("resnet18", width=4).eval()
-    front = _frozen_front(net, "layer2.1", relu_grad="surrogate")
-    kinds = [n.target for n in front.graph.nodes if n.op in ("call_function", "call_module")]
-    assert sum(k is surrogate_relu for k in kinds) == 8
-    assert not any(isinstance(k, str) and k.endswith("relu") for k in kinds)
-    xi = torch.rand(2, 3, 32, 32)
-    torch.testing.assert_close(front(xi), sl.split(net, "layer2.1")[0](xi))
-    # the model's in-place ReLUs stay in place, with the gradient of out-of-place ones
-    calls = [n for n in front.graph.nodes if n.target is surrogate_relu]
-    assert [n.args[2] for n in calls] == [True] * 8
-    xg = xi.clone().requires_grad_(True)
-    front(xg).square().sum().backward()
-    for n in calls:
-        n.args = (*n.args[:2], False)
-    front.recompile()
-    xo = xi.clone().requires_grad_(True)
-    front(xo).square().sum().backward()
-    torch.testing.assert_close(xg.grad, xo.grad, rtol=1e-6, atol=1e-7)
-    # the recipe: validated, and in the key only when used
-    assert "relu_slope" not in IRIRecipe(relu_grad="straight_through").key_dict()
-    assert "relu_slope" not in IRIRecipe.from_kwargs(preset="v1").key_dict()
-    assert IRIRecipe.from_kwargs(preset="v2").key_dict()["relu_slope"] == 0.1  # Dec 2026 default
-    assert IRIRecipe(relu_grad="surrogate", relu_slope=0.2).key_dict()["relu_slope"] == 0.2
-    with pytest.raises(ValueError, match="relu_slope"):
-        IRIRecipe.from_kwargs(relu_grad="surrogate", relu_slope=1.0)
+    assert sorted(PRESETS) == ["audio", "default", "paper"]
+    for old in ("v1", "v3", "v7", "audio-v1"):
+        with pytest.raises(ValueError, match=f"preset '{old}' was an earlier default"):
+            IRIRecipe.from_kwargs(preset=old)
+    for name, value in (("optimizer", "lbfgs"), ("optimizer", "l2"),
+                        ("relu_grad", "surrogate"), ("relu_grad", "straight_through")):  # fmt: skip
+        with pytest.raises(ValueError, match=f"{name}='{value}' .* has been removed"):
+            IRIRecipe.from_kwargs(**{name: value})
+    for name, value in (("relu_slope", 0.1), ("history", 20), ("colour_basis", "opponent"),
+                        ("polyak_fronts", "all"), ("adam_beta2", 0.999),
+                        ("drop_outward_momentum", False)):  # fmt: skip
+        with pytest.raises(TypeError, match=f"IRI option '{name}' .* has been removed"):
+            IRIRecipe.from_kwargs(**{name: value})
+    with pytest.raises(TypeError, match="optimizer"):  # not through the constructor either
+        IRIRecipe(optimizer="lbfgs").validate()
 
 
 def test_quality_is_judged_against_the_null():
@@ -384,17 +343,6 @@ def test_recipe_describe_names_every_choice():
     assert "whitened by the first convolution) from" in IRIRecipe(
         precondition="first_layer", polyak=None
     ).describe()
-    assert IRIRecipe.from_kwargs(preset="v3").describe() == (
-        "180 adam steps 0.1 -> 0.01 (beta2 0.95, no momentum out of the box) from uniform "
-        "noise over the box, ReLU gradient smooth inside (sigmoid of width 0.3 x the "
-        "source's sd, at least 0.05), straight through at the output, per-sample "
-        "tolerance 0.01, box (0, 1), stored as uint8"
-    )
-    assert IRIRecipe.from_kwargs(preset="v2").describe() == (
-        "200 adam steps 0.1 -> 0.01 from uniform noise over the box, ReLU gradient "
-        "surrogate (slope 0.1) inside, straight through at the output, per-sample "
-        "tolerance 0.01, box (0, 1), stored as uint8"
-    )
     assert IRIRecipe.paper().describe() == (
         "200 sign steps 1/255 from uniform noise over the box, exact ReLU gradient, no "
         "early stop, box (0, 1), stored as uint8, in float32"
@@ -412,7 +360,3 @@ def test_iris_command_prints_quality_and_recipe(tmp_path, capsys):
     out = capsys.readouterr().out
     assert code == 0 and "relative error median" in out
     assert "recipe: 2 sign steps 1/255 from uniform noise over the box, exact ReLU gradient" in out
-    code = main(["iris", "small_cnn", "blocks.0", "--cache", str(tmp_path), "--random-init",
-                 "--n", "8", "--steps", "3", "--optimizer", "lbfgs", "--history", "4"])  # fmt: skip
-    out = capsys.readouterr().out
-    assert code == 0 and "recipe: 3 per-sample L-BFGS steps (history 4, RMS step at most" in out

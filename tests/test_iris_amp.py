@@ -70,12 +70,12 @@ def test_a_batch_close_to_its_targets_goes_on_in_float32():
 
 @pytest.mark.parametrize("fast", [True, False])
 def test_fast_resolves_against_the_device(monkeypatch, fast):
-    monkeypatch.setattr(iris, "bf16_is_fast", lambda device: fast)
+    monkeypatch.setattr(iris.recipe, "bf16_is_fast", lambda device: fast)
     rec = IRIRecipe().for_front(iris._recipe_front(_model(), "1", (), None, IRIRecipe()),
                                 torch.rand(2, 3, 8, 8))  # fmt: skip
     assert rec.amp == ("bf16" if fast else "off")
     assert uses_bf16(rec, CPU) is fast
-    assert ("float32_steps" in rec.key_dict()) is fast  # under "off" it changes nothing
+    assert rec.key_dict()["amp"] == ("bf16" if fast else "off")  # the key names what ran
 
 
 def test_cuda_is_fast_and_a_cpu_without_amx_is_not(monkeypatch):
@@ -93,47 +93,26 @@ def test_cuda_is_fast_and_a_cpu_without_amx_is_not(monkeypatch):
 def test_a_stored_set_is_keyed_by_the_arithmetic_that_ran(tmp_path, monkeypatch):
     model, x = _model(), (torch.rand(4, 3, 8, 8), torch.zeros(4, dtype=torch.long))
     kw = dict(steps=3, batch_size=4, chunk_size=4)
-    monkeypatch.setattr(iris, "bf16_is_fast", lambda device: False)
+    monkeypatch.setattr(iris.recipe, "bf16_is_fast", lambda device: False)
     fast_here = generate_iris_set(model, "1", x, tmp_path, **kw)
     off = generate_iris_set(model, "1", x, tmp_path, amp="off", **kw)
     assert fast_here.root == off.root  # the same set: float32 ran
     assert off.meta["recipe"]["amp"] == "off"
-    monkeypatch.setattr(iris, "bf16_is_fast", lambda device: True)
+    monkeypatch.setattr(iris.recipe, "bf16_is_fast", lambda device: True)
     fast_amx = generate_iris_set(model, "1", x, tmp_path, **kw)
     bf16 = generate_iris_set(model, "1", x, tmp_path, amp="bf16", **kw)
     assert fast_amx.root == bf16.root != off.root
     assert bf16.meta["recipe"]["float32_steps"] == 30
 
 
-def test_old_presets_keep_their_arithmetic_and_keys():
+def test_presets_keep_their_arithmetic():
     paper = IRIRecipe.from_kwargs(preset="paper")  # the released loop: float32 everywhere
     assert paper.amp == "off" and not uses_bf16(paper, torch.device("cuda"))
-    for name in ("v1", "v2", "v3", "v4", "audio", "audio-v1"):
-        rec = IRIRecipe.from_kwargs(preset=name)
-        assert rec.amp == "auto" and rec.float32_steps == 0, name
-        assert rec.float32_below is None, name
-        assert "float32_steps" not in rec.key_dict()
-        assert "float32_below" not in rec.key_dict()
-        assert rec.key_dict()["amp"] == "auto"
-    v4 = IRIRecipe.from_kwargs(preset="v4")
-    assert (v4.steps, v4.precondition) == (180, "auto")
-    old = IRIRecipe().key_dict()
-    # v5: the bfloat16 default before the exact inner-ReLU gradient of the last steps
-    v5 = IRIRecipe.from_kwargs(preset="v5")
-    assert (v5.steps, v5.amp, v5.float32_steps, v5.exact_relu_steps) == (270, "fast", 30, 0)
-    later = ("exact_relu_steps", "keep_converged", "polyak", "polyak_fronts", "affine_rule",
-             "exact_relu_mismatch")  # fmt: skip
-    assert v5.key_dict() == {k: v for k, v in old.items() if k not in later}
-    # v6: the default before the Polyak cap of affine fronts, which only that cap and the
-    # switch on the inner ReLUs' states separate
-    v6 = IRIRecipe.from_kwargs(preset="v6")
-    assert v6.key_dict() == {k: v for k, v in old.items()
-                             if k not in ("polyak", "polyak_fronts", "affine_rule",
-                                          "exact_relu_mismatch")}  # fmt: skip
-    # v7: the default before that switch, which alone separates them
-    v7 = IRIRecipe.from_kwargs(preset="v7")
-    assert v7.exact_relu_mismatch is None and IRIRecipe().exact_relu_mismatch == 0.1
-    assert v7.key_dict() == {k: v for k, v in old.items() if k != "exact_relu_mismatch"}
+    audio = IRIRecipe.from_kwargs(preset="audio")  # bfloat16 on CUDA only, to the last step
+    assert (audio.amp, audio.float32_steps, audio.float32_below) == ("auto", 0, None)
+    assert uses_bf16(audio, torch.device("cuda")) and not uses_bf16(audio, CPU)
+    d = IRIRecipe()
+    assert (d.amp, d.float32_steps, d.float32_below) == ("fast", 30, 0.02)
 
 
 def test_describe_names_the_arithmetic():
@@ -148,7 +127,7 @@ def test_describe_names_the_arithmetic():
     assert IRIRecipe(amp="bf16", float32_steps=0).describe().endswith(
         ", in bfloat16, all once the batch's median is below 0.02"
     )
-    assert IRIRecipe.from_kwargs(preset="v3").describe().endswith("stored as uint8")
+    assert IRIRecipe(amp="auto").describe().endswith("stored as uint8")
 
 
 def test_bad_float32_steps_is_refused():

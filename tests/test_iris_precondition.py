@@ -151,20 +151,17 @@ def test_auto_resolves_to_first_layer_only_for_adam_in_pixels():
     resolved = IRIRecipe().for_front(_front(conv), x)
     assert resolved.precondition == "first_layer"
     assert resolved.key_dict()["precondition"] == "first_layer"
-    for kw in ({"optimizer": "sign"}, {"optimizer": "lbfgs"}, {"colour_basis": "opponent"},
-               {"stft_window": 256}, {"preset": "paper"}, {"preset": "v3"}, {"preset": "v2"},
+    for kw in ({"optimizer": "sign"}, {"stft_window": 256}, {"preset": "paper"},
                {"preset": "audio"}):  # fmt: skip
         recipe = IRIRecipe.from_kwargs(**kw)
         assert recipe.precondition == "none", kw
-        assert "precondition" not in recipe.key_dict()  # keys of sets stored before it
-    # v3 is v4 (the default with the preconditioner, before bfloat16) in pixels, field for
-    # field
-    v3 = IRIRecipe.from_kwargs(preset="v3").as_dict()
-    v4 = IRIRecipe.from_kwargs(preset="v4").for_front(_front(conv), x).as_dict()
-    assert v4["precondition"] == "first_layer"
-    assert {k for k, v in v4.items() if v3[k] != v} == {"precondition"}
-    with pytest.raises(ValueError, match="add precondition='none' to use optimizer='lbfgs'"):
-        IRIRecipe.from_kwargs(optimizer="lbfgs", precondition="first_layer")
+        assert recipe.key_dict()["precondition"] == "none"
+    # the default in pixels differs from the whitened one in that field only
+    pixels = IRIRecipe(precondition="none").for_front(_front(conv), x).as_dict()
+    whitened = IRIRecipe().for_front(_front(conv), x).as_dict()
+    assert {k for k, v in whitened.items() if pixels[k] != v} == {"precondition"}
+    with pytest.raises(ValueError, match="add precondition='none' to use optimizer='sign'"):
+        IRIRecipe.from_kwargs(optimizer="sign", precondition="first_layer")
     with pytest.raises((TypeError, ValueError), match="precondition must be 'auto'"):
         IRIRecipe.from_kwargs(precondition="fourier")
 

@@ -1,8 +1,6 @@
-"""The default IRI recipe since 2026-12-04: the smooth inner ReLU gradient, Adam's second
-moment decay 0.95 and no momentum pushing a pixel out of the box; earlier presets keep
-their keys (docs/validation/iri_convergence.md, "The default since 2026-12-04")."""
+"""The default IRI recipe's smooth inner ReLU gradient, its switch to the exact one, Adam's
+second moment decay 0.95 and no momentum pushing a pixel out of the box."""
 
-import json
 import math
 
 import pytest
@@ -147,8 +145,7 @@ def test_exact_steps_take_the_exact_inner_relu_gradient():
 
 def test_exact_relu_steps_run_the_last_steps_exact(monkeypatch):
     """Of 10 steps with exact_relu_steps=4, the first 6 are smooth and the last 4 exact;
-    exact_relu_steps=0 is the smooth gradient to the last step (preset "v5"), and the field
-    is in a stored set's key only when it does something."""
+    exact_relu_steps=0 is the smooth gradient to the last step (as the audio preset)."""
     calls = _spy_steps(monkeypatch)
     torch.manual_seed(0)
     net = _conv_net()
@@ -156,14 +153,14 @@ def test_exact_relu_steps_run_the_last_steps_exact(monkeypatch):
     generate_iris(net, "3", x, steps=10, exact_relu_steps=4, tolerance=None)
     assert [c[0] for c in calls] == [False] * 6 + [True] * 4
     calls.clear()
-    generate_iris(net, "3", x, steps=10, preset="v5", tolerance=None)
+    generate_iris(net, "3", x, steps=10, exact_relu_steps=0, exact_relu_mismatch=None,
+                  tolerance=None)
     assert [c[0] for c in calls] == [False] * 10
     assert IRIRecipe().exact_relu_steps == 90
     assert IRIRecipe().key_dict()["exact_relu_steps"] == 90
-    assert "exact_relu_steps" not in IRIRecipe.from_kwargs(preset="v5").key_dict()
-    assert "exact_relu_steps" not in IRIRecipe(relu_grad="surrogate").key_dict()
+    assert IRIRecipe.from_kwargs(preset="audio").exact_relu_steps == 0
     assert "exact in the last 90 steps" in IRIRecipe().describe()
-    assert "exact in the last" not in IRIRecipe.from_kwargs(preset="v5").describe()
+    assert "exact in the last" not in IRIRecipe(exact_relu_steps=0).describe()
     with pytest.raises(ValueError, match="exact_relu_steps"):
         IRIRecipe.from_kwargs(exact_relu_steps=-1)
 
@@ -183,61 +180,44 @@ def test_smooth_keeps_in_place_relus_in_place():
     assert len(smooth.inv_widths) == 8 and smooth.inv_widths[0].shape == (2, 4, 1, 1)
 
 
-def test_earlier_presets_keep_their_keys():
-    """Stored sets made before the new fields keep their keys (the dicts as they were)."""
-    base = {"amp": "auto", "batch_size": 128, "box": [0.0, 1.0], "start": "noise",
-            "steps": 200}  # fmt: skip
-    expect = {
-        "v2": {**base, "final_step_size": 0.01, "optimizer": "adam", "relu_grad": "surrogate",
-               "relu_slope": 0.1, "step_size": 0.1, "tolerance": 0.01},
-        # the paper's loop runs in float32 on every device (was bfloat16 on CUDA: "auto")
-        "paper": {**base, "amp": "off", "final_step_size": None, "optimizer": "sign",
-                  "relu_grad": "exact", "step_size": 1 / 255, "tolerance": None},
-        "v1": {**base, "final_step_size": 0.002, "optimizer": "adam",
-               "relu_grad": "straight_through", "step_size": 0.05, "tolerance": 0.01},
-        "audio-v1": {**base, "box": [-1.0, 1.0], "final_step_size": 0.0001, "optimizer": "adam",
-                  "precision": "int16", "relu_grad": "straight_through",
-                  "start": "scaled_noise", "start_scale": 0.003, "step_size": 0.003,
-                  "steps": 300, "tolerance": 0.01},
-    }  # fmt: skip
-    for preset, keys in expect.items():
-        got = IRIRecipe.from_kwargs(preset=preset).key_dict()
-        assert json.dumps(got, sort_keys=True) == json.dumps(keys, sort_keys=True), preset
+def test_preset_keys_name_every_field():
+    """A stored set's key is the whole resolved recipe (store format 4)."""
+    from stitchlab.iris import AFFINE_RULE
+
     d = IRIRecipe().key_dict()
-    assert (d["steps"], d["relu_grad"], d["relu_width"], d["relu_floor"], d["adam_beta2"]) == (
-        270, "smooth", 0.3, 0.05, 0.95)  # fmt: skip
-    assert d["drop_outward_momentum"] is True and "relu_slope" not in d
-    for bad in ({"relu_width": 0.0}, {"relu_floor": 1.0}, {"adam_beta2": 1.0}):
+    assert (d["steps"], d["relu_grad"], d["relu_width"], d["relu_floor"]) == (
+        270, "smooth", 0.3, 0.05)  # fmt: skip
+    assert d["affine_rule"] == AFFINE_RULE and set(d) - {"affine_rule"} == set(
+        IRIRecipe().as_dict())  # fmt: skip
+    paper = IRIRecipe.paper().key_dict()
+    assert (paper["optimizer"], paper["amp"], paper["tolerance"], paper["polyak"]) == (
+        "sign", "off", None, None)  # fmt: skip
+    assert "affine_rule" not in paper
+    for bad in ({"relu_width": 0.0}, {"relu_floor": 1.0}):
         with pytest.raises(ValueError, match=next(iter(bad))):
             IRIRecipe.from_kwargs(**bad)
     assert "smooth" in IRIRecipe().describe() and "beta2 0.95" in IRIRecipe().describe()
-    # the audio preset since 2026-12-05: the image default's loop in STFT coordinates
+    # the audio preset: the image default's loop in STFT coordinates
     a = IRIRecipe.from_kwargs(preset="audio").key_dict()
-    assert (a["stft_window"], a["relu_grad"], a["adam_beta2"], a["precision"]) == (
-        256, "smooth", 0.95, "int16")  # fmt: skip
+    assert (a["stft_window"], a["relu_grad"], a["precision"]) == (256, "smooth", "int16")
 
 
 def test_outward_momentum_is_dropped():
     """One pixel, identity front, source 0.02, start at the box centre, constant Adam steps
-    of 0.1: the pixel overshoots below 0 and is clipped. With the momentum that pushed it
-    out dropped, the next step moves it back up (towards 0.02); with Adam's momentum kept
-    it stays on the edge for several steps."""
+    of 0.1: the pixel overshoots below 0 and is clipped. The momentum that pushed it out is
+    dropped, so the next step moves it back up (towards 0.02); with Adam's momentum kept
+    it would stay on the edge for several steps."""
     m = nn.Sequential(nn.Linear(1, 1, bias=False), nn.Linear(1, 2))
     with torch.no_grad():
         m[0].weight.fill_(1.0)
     src = torch.tensor([[0.02]])
 
-    def path(drop: bool) -> list[float]:
-        kw = dict(final_step_size=None, tolerance=None, start="scaled_noise",
-                  start_scale=1e-9, precision="float32", relu_grad="exact",
-                  drop_outward_momentum=drop, polyak=None)  # fmt: skip (full steps)
-        return [float(generate_iris(m, "0", src, steps=k, **kw).iris) for k in range(1, 11)]
-
-    kept, dropped = path(False), path(True)
-    first = kept.index(0.0)  # the step that clipped the pixel, the same in both
-    assert dropped[: first + 1] == kept[: first + 1]
-    assert dropped[first + 1] > 0.0  # moved back up at once
-    assert kept[first + 1] == 0.0 and kept[first + 2] == 0.0  # momentum still points out
+    kw = dict(final_step_size=None, tolerance=None, start="scaled_noise", start_scale=1e-9,
+              precision="float32", relu_grad="exact", polyak=None)  # fmt: skip (full steps)
+    path = [float(generate_iris(m, "0", src, steps=k, **kw).iris) for k in range(1, 11)]
+    first = path.index(0.0)  # the step that clipped the pixel
+    assert path[: first] == sorted(path[: first], reverse=True)  # on its way down
+    assert path[first + 1] > 0.0  # moved back up at once
 
 
 def test_smooth_width_without_a_map_uses_the_samples_units():
@@ -271,70 +251,11 @@ def _rgb_net() -> nn.Sequential:
                          nn.ReLU(), nn.Flatten(), nn.Linear(4 * 6 * 6, 2)).eval()  # fmt: skip
 
 
-def test_opponent_colour_basis_is_adam_on_the_rotated_problem():
-    """colour_basis="opponent" is Adam in z with x = C z per pixel (C orthonormal): the
-    same as RGB Adam on the front f(C .) from the rotated sources C^T x, where no pixel
-    meets the box (a wide box, small steps), to float precision."""
-    from stitchlab.iris import _OPPONENT
-
-    f = _rgb_net()
-    c = torch.tensor(_OPPONENT)
-    torch.testing.assert_close(c @ c.T, torch.eye(3))  # orthonormal
-    mixer = nn.Conv2d(3, 3, 1, bias=False)
-    with torch.no_grad():
-        mixer.weight.copy_(c.view(3, 3, 1, 1))  # x_i = sum_j C_ij z_j
-    g = nn.Sequential(mixer, *f).eval()
-    x = torch.rand(4, 3, 6, 6, generator=torch.Generator().manual_seed(1))
-    z = torch.einsum("ij,nihw->njhw", c, x)  # C^T x
-    kw = dict(steps=20, step_size=0.01, final_step_size=None, tolerance=None, start="image",
-              box=(-3.0, 3.0), precision="float32")  # fmt: skip
-    got = generate_iris(f, "3", x, colour_basis="opponent", **kw)
-    ref = generate_iris(g, "4", z, **kw)
-    torch.testing.assert_close(torch.einsum("ij,nihw->njhw", c, got.iris), ref.iris,
-                               atol=2e-5, rtol=1e-4)  # fmt: skip
-    torch.testing.assert_close(got.rel_error, ref.rel_error, atol=1e-5, rtol=1e-4)
-    assert float(got.rel_error.median()) < 0.9 * float(  # the steps did something
-        generate_iris(f, "3", x, steps=0, **{k: v for k, v in kw.items() if k != "steps"})
-        .rel_error.median()
-    )
-
-
-def test_opponent_colour_basis_in_the_box_and_refused_where_it_cannot_apply():
-    f = _rgb_net()
-    x = torch.rand(4, 3, 6, 6, generator=torch.Generator().manual_seed(2))
-    r = generate_iris(f, "3", x, steps=30, colour_basis="opponent")
-    assert float(r.iris.min()) >= 0.0 and float(r.iris.max()) <= 1.0
-    assert torch.isfinite(r.rel_error).all()
-    gray = nn.Sequential(nn.Conv2d(1, 2, 3), nn.ReLU(), nn.Flatten(), nn.Linear(32, 2)).eval()
-    with pytest.raises(ValueError, match="needs RGB images"):
-        generate_iris(gray, "1", torch.rand(2, 1, 6, 6), steps=2, colour_basis="opponent")
-    with pytest.raises(ValueError, match="option of Adam"):
-        IRIRecipe.from_kwargs(optimizer="lbfgs", colour_basis="opponent")
-    with pytest.raises(TypeError, match="colour_basis must be 'rgb' or 'opponent'"):
-        IRIRecipe.from_kwargs(colour_basis="lab")
-    assert "colour_basis" not in IRIRecipe().key_dict()  # stored sets keep their keys
-    opp = IRIRecipe.from_kwargs(colour_basis="opponent")
-    assert opp.key_dict()["colour_basis"] == "opponent"
-    assert "opponent colour basis" in opp.describe()
-
-
-def test_colour_mix_is_the_same_in_both_memory_formats():
-    """The per-pixel 3x3 mix of the opponent basis (a 1x1 convolution on channels-last
-    tensors, sums of scaled channels otherwise) is v @ m in either layout."""
-    from stitchlab.iris import _OPPONENT, _mix
-
-    c = torch.tensor(_OPPONENT)
-    t = torch.randn(2, 3, 4, 5, generator=torch.Generator().manual_seed(3))
-    ref = torch.einsum("nihw,ik->nkhw", t, c)
-    for fmt in (torch.contiguous_format, torch.channels_last):
-        torch.testing.assert_close(_mix(t.contiguous(memory_format=fmt), c), ref)
-
-
 def test_a_converged_sample_keeps_the_iterate_that_met_the_tolerance():
     """One pixel, identity front, source 0.37, start 0.5, signed steps of 0.1, tolerance
     0.1 (by hand: 0.5 -> 0.4, error 0.081, below the tolerance). The sample stops there and
-    keeps 0.4; before keep_converged it also took that iteration's step, to 0.3 (error
-    0.189, above the tolerance it had met)."""
+    keeps 0.4; with keep_converged=False (the audio preset) it also takes that iteration's
+    step, to 0.3 (error 0.189, above the tolerance it had met)."""
     m = nn.Sequential(nn.Linear(1, 1, bias=False), nn.Linear(1, 2))
     with torch.no_grad():
         m[0].weight.fill_(1.0)
@@ -350,10 +271,7 @@ def test_a_converged_sample_keeps_the_iterate_that_met_the_tolerance():
     assert final() == pytest.approx(0.4, abs=1e-6)
     assert final(keep_converged=False) == pytest.approx(0.3, abs=1e-6)
     assert final(tolerance=None) == pytest.approx(0.3, abs=1e-6)  # no stop: 0.4, 0.3, ... 0.3
-    d = IRIRecipe().key_dict()
-    assert d["keep_converged"] is True
-    assert "keep_converged" not in IRIRecipe(tolerance=None).key_dict()
-    assert "keep_converged" not in IRIRecipe.from_kwargs(preset="v5").key_dict()
+    assert IRIRecipe().key_dict()["keep_converged"] is True
 
 
 def test_mismatch_is_the_share_of_units_in_another_state_than_the_sources():
@@ -399,9 +317,10 @@ def test_the_exact_gradient_comes_at_the_first_check_at_or_below_the_mismatch(mo
     generate_iris(net, "3", x, steps=40, exact_relu_steps=5, tolerance=None)
     assert [c[0] for c in calls] == [False] * 20 + [True] * 20
     assert [(t, c[1]) for t, c in enumerate(calls) if c[1] is not None] == [(9, 0.1), (19, 0.1)]
-    # without the field (preset v7) no check is made and the smooth steps run to step 35
+    # without the switch no check is made and the smooth steps run to step 35
     calls.clear()
-    generate_iris(net, "3", x, steps=40, exact_relu_steps=5, tolerance=None, preset="v7")
+    generate_iris(net, "3", x, steps=40, exact_relu_steps=5, tolerance=None,
+                  exact_relu_mismatch=None)
     assert [c[0] for c in calls] == [False] * 35 + [True] * 5
     assert all(c[1] is None for c in calls)
 
@@ -410,6 +329,7 @@ def test_the_mismatch_is_measured_on_the_samples_still_running(monkeypatch):
     """Sample 0 is made to meet the tolerance at step 5 (its error reported as 0): the
     check at step 9 then runs on rows 1 and 2 only, and measures a share of their units."""
     import stitchlab.iris as iris
+    import stitchlab.iris.descent as descent
 
     calls = _spy_steps(monkeypatch)
     seen = []
@@ -426,7 +346,7 @@ def test_the_mismatch_is_measured_on_the_samples_still_running(monkeypatch):
         seen.append(mismatch(self))
         return seen[-1]
 
-    monkeypatch.setattr(iris, "_error_and_grad", stop_sample_0_at_step_5)
+    monkeypatch.setattr(descent, "_error_and_grad", stop_sample_0_at_step_5)
     monkeypatch.setattr(iris._SmoothReLUs, "mismatch", spy_mismatch)
     torch.manual_seed(0)
     generate_iris(_conv_net(), "3", torch.rand(3, 3, 6, 6), steps=30, exact_relu_steps=5,
@@ -437,15 +357,16 @@ def test_the_mismatch_is_measured_on_the_samples_still_running(monkeypatch):
 
 
 def test_measuring_the_mismatch_changes_no_bit(monkeypatch):
-    """Where the switch never comes, the default's IRIs are v7's bit for bit (the
-    comparison reads the activations and writes nothing); where it comes they differ."""
+    """Where the switch never comes, the default's IRIs are those without the switch bit for
+    bit (the comparison reads the activations and writes nothing); where it comes they
+    differ."""
     import stitchlab.iris as iris
 
     torch.manual_seed(0)
     net = _conv_net()
     x = torch.rand(3, 3, 6, 6)
     kw = {"steps": 30, "exact_relu_steps": 5, "tolerance": None, "amp": "off"}
-    v7 = generate_iris(net, "3", x, preset="v7", **kw)
+    v7 = generate_iris(net, "3", x, exact_relu_mismatch=None, **kw)
     with monkeypatch.context() as m:
         m.setattr(iris._SmoothReLUs, "mismatch", lambda self: 1.0)
         never = generate_iris(net, "3", x, **kw)
@@ -464,9 +385,8 @@ def test_exact_relu_mismatch_is_checked_resolved_and_keyed():
             IRIRecipe.from_kwargs(exact_relu_mismatch=bad)
     d = IRIRecipe().key_dict()
     assert d["exact_relu_mismatch"] == 0.1
-    for rec in (IRIRecipe.from_kwargs(preset="v7"), IRIRecipe.paper(),
-                IRIRecipe(optimizer="lbfgs"), IRIRecipe(relu_grad="surrogate")):  # fmt: skip
-        assert "exact_relu_mismatch" not in rec.key_dict()
+    for rec in (IRIRecipe(exact_relu_mismatch=None), IRIRecipe.paper()):
+        assert not rec.switches_on_states()
     net = _net()
     x = torch.rand(2, 2)
     rec = IRIRecipe()
@@ -474,11 +394,9 @@ def test_exact_relu_mismatch_is_checked_resolved_and_keyed():
     assert inner.exact_relu_mismatch == 0.1
     # no inner ReLU (the first ReLU ends the front, straight through): nothing to switch
     first = rec.for_front(_recipe_front(net, "1", (), None, rec), x)
-    assert first.exact_relu_mismatch is None and "exact_relu_mismatch" not in first.key_dict()
-    lbfgs = IRIRecipe(optimizer="lbfgs")
-    assert lbfgs.for_front(_recipe_front(net, "3", (), None, lbfgs), x).exact_relu_mismatch is None
+    assert first.exact_relu_mismatch is None and first.key_dict()["exact_relu_mismatch"] is None
     assert "10% of every inner ReLU's units" in IRIRecipe().describe()
-    assert "differ in state" not in IRIRecipe.from_kwargs(preset="v7").describe()
+    assert "differ in state" not in IRIRecipe(exact_relu_mismatch=None).describe()
 
 
 def test_mismatch_stops_measuring_after_the_first_relu_above_the_threshold():

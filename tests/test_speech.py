@@ -216,9 +216,9 @@ def test_recipe_fields_and_keys():
     assert (rec.start, rec.precision, rec.box, rec.start_scale) == (
         "scaled_noise", "int16", (-1.0, 1.0), 0.003)  # fmt: skip
     assert rec.key_dict()["precision"] == "int16" and rec.key_dict()["start_scale"] == 0.003
-    # the image defaults keep the keys of sets stored before these fields existed
-    assert "precision" not in IRIRecipe().key_dict()
-    assert "start_scale" not in IRIRecipe().key_dict()
+    # a stored set's key names every field (store format 4)
+    assert IRIRecipe().key_dict()["precision"] == "uint8"
+    assert IRIRecipe().key_dict()["start_scale"] == 0.003
     assert IRIRecipe().as_dict()["precision"] == "uint8"
     with pytest.raises(TypeError, match="precision"):
         IRIRecipe.from_kwargs(precision="int8")

@@ -46,7 +46,7 @@ def model_study_args(doc: str, extra=None) -> argparse.Namespace:
     ap.add_argument("--store", required=True, type=Path)
     ap.add_argument("--models", required=True, help="comma-separated model names of the config")
     ap.add_argument("--n", type=int, default=32, help="stitching images (default 32)")
-    ap.add_argument("--preset", choices=["default", "paper", "v1"], default="default")
+    ap.add_argument("--preset", choices=["default", "paper"], default="default")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     if extra is not None:
         extra(ap)

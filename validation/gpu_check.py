@@ -153,11 +153,10 @@ def main() -> int:
     #    and, on a GPU, the default with the front channels-last (STITCHLAB_CHANNELS_LAST=1;
     #    "auto" keeps CUDA in NCHW until this row says which is faster there) and with its
     #    BatchNorms left unfolded (STITCHLAB_FOLD_BN=0: what folding is worth there)
-    #    (on n_layout images: these rows are for throughput), and the previous default (v2)
+    #    (on n_layout images: these rows are for throughput)
     runs = [("paper", "auto", "auto", n_iris), ("default", "auto", "auto", n_iris)]
     if device.type == "cuda":
         runs += [("default", "1", "auto", n_layout), ("default", "auto", "0", n_layout)]
-    runs += [("v2", "auto", "auto", n_layout)]
     iris = None
     for preset, memory_format, fold, n in runs:
         layout = ", channels-last" if memory_format == "1" else ""

@@ -31,51 +31,18 @@ from stitchlab.experiments.jobs import load_model
 from stitchlab.iris import generate_iris
 from stitchlab.splitting import TracedModel
 
-# Recipe names as the page's tables give them. Those measured before stitchlab's default
-# changed (December 2026) pin the earlier default, preset "v1" (Adam 0.05 -> 0.002,
-# straight-through final ReLU), so that they keep meaning what the page reports.
+# Recipe names as the page's tables give them. The page's other rows (stitchlab's earlier
+# defaults, presets v1-v7, L2 steps, per-sample L-BFGS, the surrogate ReLU gradient, the
+# opponent colour basis) were measured with those recipes, which stitchlab no longer has:
+# commit 14a97ef is the last that runs them (docs/recipes.md).
 RECIPES = {
     "paper: sign 1/255": {"preset": "paper"},
     "sign 8/255->0.5/255": {"preset": "paper", "step_size": 8 / 255,
                             "final_step_size": 0.5 / 255},
-    "adam 0.05->0.002": {"preset": "v1", "relu_grad": "exact", "tolerance": None},
-    "adam + ReLU straight-through": {"preset": "v1", "tolerance": None},
-    "l2 + ReLU straight-through": {"preset": "v1", "optimizer": "l2", "step_size": 0.01,
-                                   "final_step_size": 0.0005, "tolerance": None},
-    "default (adam + ST + tol 0.01)": {"preset": "v1"},
-    "default + image start": {"preset": "v1", "start": "image"},
-    "default + surrogate inner ReLUs 0.1": {"preset": "v1", "relu_grad": "surrogate",
-                                            "relu_slope": 0.1},
-    "default + surrogate inner ReLUs 0.3": {"preset": "v1", "relu_grad": "surrogate",
-                                            "relu_slope": 0.3},
-    # stitchlab's default from early December 2026 to 2026-12-04 (preset "v2")
-    "adam 0.1->0.01 + surrogate 0.1": {"preset": "v2"},
-    "adam 0.1->0.01 + surrogate 0.2": {"preset": "v2", "relu_slope": 0.2},
-    # the default's three parts taken apart (optimiser, schedule, ReLU gradient)
-    "adam 0.1->0.01 + exact ReLU gradient": {"preset": "v2", "relu_grad": "exact",
-                                             "tolerance": None},
-    "adam 0.1->0.01 + ST final ReLU": {"preset": "v2", "relu_grad": "straight_through"},
-    "sign 8/255->0.5/255 + surrogate 0.1": {"preset": "v2", "optimizer": "sign",
-                                            "step_size": 8 / 255,
-                                            "final_step_size": 0.5 / 255, "tolerance": None},
-    "l2 0.01->0.0005 + surrogate 0.1": {"preset": "v2", "optimizer": "l2", "step_size": 0.01,
-                                        "final_step_size": 0.0005, "tolerance": None},
-    # per-sample L-BFGS (optimizer="lbfgs"): the step schedule caps each step's pixel RMS
-    "lbfgs 0.1->0.01 + surrogate 0.1": {"preset": "v2", "optimizer": "lbfgs"},
-    "lbfgs 0.1->0.01 + surrogate 0.15": {"preset": "v2", "optimizer": "lbfgs",
-                                         "relu_slope": 0.15},
-    "lbfgs 0.1->0.01 + smooth 0.3": {"optimizer": "lbfgs"},
-    # quieter starts: Gaussian noise around mid-grey instead of uniform over the box
-    "quiet start 0.1 + adam 0.05->0.01": {"preset": "v2", "start": "scaled_noise",
-                                         "start_scale": 0.1, "step_size": 0.05},
-    "quiet start 0.1 + adam 0.03->0.01": {"preset": "v2", "start": "scaled_noise",
-                                         "start_scale": 0.1, "step_size": 0.03},
-    # stitchlab's default since 2026-12-04: the smooth inner ReLU gradient (sigmoid of
-    # width 0.3 x the source's sd), Adam's beta2 0.95, no momentum out of the box
-    "default (adam + smooth 0.3 + beta2 0.95)": {},
-    "v2 + smooth 0.3": {"preset": "v2", "relu_grad": "smooth"},
-    "v2 + beta2 0.95 + no outward momentum": {"preset": "v2", "adam_beta2": 0.95,
-                                              "drop_outward_momentum": True},
+    "paper, exact gradient, adam in pixels": {"preset": "paper", "optimizer": "adam",
+                                              "step_size": 0.1, "final_step_size": 0.01},
+    "default": {},
+    "default in pixels": {"precondition": "none"},
 }  # fmt: skip
 
 
@@ -249,10 +216,10 @@ def tables(rows: list[dict]) -> str:
         for point in points:
             nulls[point] = f"{[r for r in sel if r['point'] == point][0]['null_median']:.3f}"
         table.append(nulls)
-        dead = {"recipe": "alive in source, dead in IRI (exact / straight-through)"}
+        dead = {"recipe": "alive in source, dead in IRI (exact / smooth gradient)"}
         for point in points:
             d = {r["recipe"]: r["dead_in_iri"] for r in sel if r["point"] == point}
-            a, b = d.get("adam 0.05->0.002"), d.get("adam + ReLU straight-through")
+            a, b = d.get("paper, exact gradient, adam in pixels"), d.get("default in pixels")
             dead[point] = f"{a:.1%} / {b:.1%}" if a is not None and b is not None else "-"
         if any(v != "-" for k, v in dead.items() if k != "recipe"):
             table.append(dead)

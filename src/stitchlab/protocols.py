@@ -184,7 +184,7 @@ def _check_set_matches(iris: IRISet, front_model: nn.Module, point: str, real: D
     # field the set's key leaves out did not apply to it, so the default stands in)
     recipe, default = meta.get("recipe") or {}, IRIRecipe()
     relu = [recipe.get(k, getattr(default, k))
-            for k in ("relu_grad", "relu_slope", "relu_width", "relu_floor")]  # fmt: skip
+            for k in ("relu_grad", "relu_width", "relu_floor")]  # fmt: skip
     front = _frozen_front(front_model, point, tuple(tracing.get("leaf_modules") or ()),
                           tracing.get("output"), *relu)  # fmt: skip
     if meta.get("front") != model_fingerprint(front):

@@ -99,7 +99,7 @@ def describe_iri_recipe(recipe: dict) -> str:
     grad = {
         "exact": "exact ReLU gradient",
         "straight_through": "ReLU gradient straight through at the output",
-        "surrogate": f"ReLU gradient surrogate (slope {recipe['relu_slope']:g}) inside, "
+        "surrogate": f"ReLU gradient surrogate (slope {recipe.get('relu_slope', 0.1):g}) inside, "
         "straight through at the output",
         "smooth": "ReLU gradient smooth inside (sigmoid of width "
         f"{recipe.get('relu_width', 0.3):g} x the source's sd, at least "
@@ -116,10 +116,10 @@ def describe_iri_recipe(recipe: dict) -> str:
     lo, hi = recipe["box"]
     steps = f"{recipe['steps']} {recipe['optimizer']} steps {size}"
     extra = []
-    if recipe["optimizer"] == "adam":  # older recipes lack these fields: Adam as before
-        if recipe.get("adam_beta2", 0.999) != 0.999:
-            extra.append(f"beta2 {recipe['adam_beta2']:g}")
-        if recipe.get("drop_outward_momentum", False):
+    if recipe["optimizer"] == "adam":  # a recipe without these fields: Adam's fixed ones
+        if recipe.get("adam_beta2", 0.95) != 0.999:
+            extra.append(f"beta2 {recipe.get('adam_beta2', 0.95):g}")
+        if recipe.get("drop_outward_momentum", True):
             extra.append("no momentum out of the box")
         if recipe.get("colour_basis", "rgb") != "rgb":
             extra.append(f"in the {recipe['colour_basis']} colour basis")
