@@ -8,7 +8,7 @@ protocol and under invariance-aware stitching (IRIs), scored with ``stitchlab.ev
 against the back. The self-stitch (the back into itself, one ``stitchlab.stitch`` call
 with the least-squares stitch alone, ``epochs=0``) is the identity check: it scores 100.
 
-Run it (generated shapes, no download; about 2 minutes on 2 CPU cores)::
+Run it (generated shapes, no download)::
 
     python examples/own_module.py
     python examples/own_module.py --smoke      # tiny sizes: a few seconds

@@ -30,6 +30,7 @@ API = [
     "IRIResult",
     "IRIQuality",
     "evaluate",
+    "compare",
 ]
 
 

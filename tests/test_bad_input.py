@@ -259,7 +259,7 @@ def test_compare_recomputes_a_damaged_stored_run(tmp_path):
     assert any("is damaged" in line and "computing it again" in line for line in said)
     assert again["agreement"].tolist() == first["agreement"].tolist() == [100.0]
     # a run stored with NaN agreements (as NaN logits gave before) is computed again too
-    from stitchlab.compare import _pack
+    from stitchlab.compare.jobs import _pack
     from stitchlab.store import read_json, write_json
 
     entry = read_json(stored[0])

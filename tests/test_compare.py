@@ -237,13 +237,13 @@ def test_compare_iri_seeds_give_each_stitch_seed_its_own_iris(tmp_path, folder):
     estimates = {}
     _, shared = runs(False, "shared")
     assert "every step of 2 sets" in estimates["shared"] and "stored" not in estimates["shared"]
-    stored = set((store / "compare").iterdir())
+    stored = set((store / "compare").glob("*.json"))
     assert len(stored) == 2 * 5  # 2 protocols x (2 seeds + 1 null + 2 ceiling seeds)
     assert len(list((store / "iris").iterdir())) == 2  # the front's and the null's
     real = shared[~shared.null]
     assert real["iri_median_error"].nunique() == 1
     _, own = runs(True, "own")
-    new = set((store / "compare").iterdir()) - stored
+    new = set((store / "compare").glob("*.json")) - stored
     assert len(new) == 2  # only seed 1's IRI run and its ceiling
     assert sorted(json.dumps(json.loads(x.read_text())["run"], sort_keys=True)
                   for x in new) == sorted(json.dumps(spec | {"n_init": 64}, sort_keys=True)
@@ -267,7 +267,7 @@ def test_compare_iri_seeds_give_each_stitch_seed_its_own_iris(tmp_path, folder):
         CompareSettings.quick(front=str(path), back=str(path), data=str(folder), iri_seeds=1)
     # the estimate leaves out the IRI sets already stored (keyed as the run keys them)
     assert "every step of 1 sets" in estimates["own"]
-    for entry in (store / "compare").iterdir():
+    for entry in (store / "compare").glob("*.json"):
         if json.loads(entry.read_text())["run"]["protocol"] == "iris":
             entry.unlink()
     runs(True, "again")
@@ -566,7 +566,7 @@ def test_quick_raises_images_or_leaves_a_point_out(tmp_path, tinier_folder,
 def test_budget_note_says_why():
     """Under 90: an under-determined least squares names the images it needs; an exact
     one says that training moved the ceiling away; otherwise the training budget."""
-    from stitchlab.compare import _budget_note
+    from stitchlab.compare.tables import _budget_note
 
     s = CompareSettings(front="a", back="b", data="d", epochs=2, n_stitch=128)
 
@@ -583,3 +583,24 @@ def test_budget_note_says_why():
     note = _budget_note(s, "p", 40.0, under, under)
     assert "had 1 images for the 33" in note and "--n-init 33" in note
     assert "the front's least squares too" in note
+
+
+def test_console_marks_rows_whose_iris_are_flagged():
+    import pandas as pd
+
+    from stitchlab.compare.tables import console_table
+
+    row = dict(front_point="a", back_point="b", objective="slm", agreement=70.0,
+               agreement_ci_low=68.0, agreement_ci_high=72.0, null_agreement=10.0,
+               ceiling_agreement=90.0, normalised=0.75, normalised_ci_low=0.7,
+               normalised_ci_high=0.8, excess_over_null=60.0, excess_ci_low=58.0,
+               excess_ci_high=62.0, budget_limited=False, budget_note="",
+               iri_median_error=0.666, iri_null_ratio=1.6)  # fmt: skip
+    table = pd.DataFrame([row | {"protocol": "standard", "iri_flagged": False},
+                          row | {"protocol": "iris", "iri_flagged": True}])  # fmt: skip
+    lines = console_table(table).splitlines()
+    assert "IRIS-FLAGGED" not in lines[1] and lines[2].endswith("IRIS-FLAGGED")
+    assert lines[3].startswith("IRIs flagged")
+    assert lines[4] == "  a -> b slm: IRI median error 0.666, 1.6x closer than another image"
+    ok = table.assign(iri_flagged=False)
+    assert "flagged" not in console_table(ok).lower()

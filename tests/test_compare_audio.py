@@ -334,7 +334,7 @@ def test_compare_refuses_mixed_modalities(tmp_path, tones):
 
 
 def test_iri_recipe_follows_the_modality():
-    from stitchlab.compare import _recipe
+    from stitchlab.compare.sides import _recipe
 
     s = CompareSettings(front="a", back="b", data="d")
     audio, image = _recipe(s, "audio"), _recipe(s, "image")

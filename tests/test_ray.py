@@ -122,3 +122,65 @@ def test_a_failed_task_keeps_finished_jobs_and_a_rerun_resumes(tmp_path):
                              progress=False)  # fmt: skip
     assert resumed["models"] == {"run": 0, "total": 2}
     assert resumed["stitch"] == {"run": 2, "total": 8}  # only the failed group's 2 runs
+
+
+def test_compare_on_ray_gives_the_local_table_and_resumes(tmp_path, capsys):
+    """`stitchlab compare --ray`: one job per (front model, cell) on the cluster, the same
+    table as in this process; a rerun finds every run stored and computes none."""
+    import numpy as np
+    import pandas as pd
+    import torch
+
+    from stitchlab import models
+    from stitchlab.cli import main
+    from stitchlab.data import shapes
+
+    x, y = shapes(60, seed=0, size=12, num_classes=4)
+    np.savez(tmp_path / "d.npz", x=x.numpy(), y=y.numpy())
+    paths = []
+    for seed in (0, 1):
+        torch.manual_seed(seed)
+        paths.append(str(models.save(models.create("small_cnn", num_classes=4, width=4),
+                                     tmp_path / f"m{seed}.safetensors")))  # fmt: skip
+    args = ["compare", *paths, "--data", str(tmp_path / "d.npz"), "--quick", "--points",
+            "blocks.1", "blocks.3", "--protocols", "standard", "--seeds", "2", "--n-stitch",
+            "40", "--n-test", "12", "--no-progress"]  # fmt: skip
+    assert main([*args, "--out", str(tmp_path / "local")]) == 0
+    assert main([*args, "--out", str(tmp_path / "ray"), "--ray"]) == 0
+    local, on_ray = (pd.read_csv(tmp_path / d / "results.csv").drop(columns="seconds")
+                     for d in ("local", "ray"))  # fmt: skip
+    pd.testing.assert_frame_equal(local, on_ray)
+    stored = sorted((tmp_path / "ray" / "store" / "compare").glob("*.json"))
+    assert len(stored) == 10  # 2 cells x (2 seeds + 1 null + 2 ceiling runs)
+    mtimes = [p.stat().st_mtime_ns for p in stored]
+    capsys.readouterr()
+    assert main([*args, "--out", str(tmp_path / "ray"), "--ray"]) == 0
+    assert "10 already stored" in capsys.readouterr().out
+    assert [p.stat().st_mtime_ns for p in stored] == mtimes
+    assert main([*args, "--out", str(tmp_path / "x"), "--gpus-per-job", "1"]) == 2
+    assert "--gpus-per-job is what each Ray job asks for: add --ray" in capsys.readouterr().err
+
+
+@pytest.mark.slow  # trains the tiny oracle's 3 networks once: about 40 s of CPU
+def test_oracle_on_ray_gives_the_local_table(tmp_path):
+    """`stitchlab oracle --ray`: the pair jobs on the cluster (the networks from a local
+    run's store), the same oracle.csv as in this process; a rerun computes no pair."""
+    import shutil
+
+    import pandas as pd
+
+    from stitchlab.oracle import OracleSettings, run_oracle
+    from test_oracle import TINY
+
+    settings = OracleSettings(**TINY)
+    run_oracle(settings, tmp_path / "local", progress=False)
+    (tmp_path / "ray" / "store").mkdir(parents=True)
+    shutil.copytree(tmp_path / "local" / "store" / "models", tmp_path / "ray" / "store" / "models")
+    run_oracle(settings, tmp_path / "ray", progress=False, executor=RayExecutor(progress=False))
+    local, on_ray = (pd.read_csv(tmp_path / d / "oracle.csv") for d in ("local", "ray"))
+    pd.testing.assert_frame_equal(local, on_ray)
+    pairs = sorted((tmp_path / "ray" / "store" / "pairs").glob("*.json"))
+    assert len(pairs) == 9
+    mtimes = [p.stat().st_mtime_ns for p in pairs]
+    run_oracle(settings, tmp_path / "ray", progress=False, executor=RayExecutor(progress=False))
+    assert [p.stat().st_mtime_ns for p in pairs] == mtimes

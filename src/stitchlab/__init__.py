@@ -15,6 +15,9 @@ The public API::
     generate_iris_set(...)              -> the same, chunked and stored (an IRISet)
     IRIRecipe, IRIResult, IRIQuality    -> how IRIs are made, what they are, how good
     evaluate(stitched, test_data, ref)  -> scores (agreement, accuracy, ...)
+    compare(front, back, data, ...)     -> two models stitched at matched points: the
+                                           results table (score, interval, null,
+                                           ceiling, normalised) as a DataFrame
 
 The rest lives in submodules: :mod:`stitchlab.metrics` (agreement, CKA, intervals),
 :mod:`stitchlab.objectives` (HLM, SLM, DM, FuLA), :mod:`stitchlab.fit` (TrainingConfig),
@@ -23,6 +26,7 @@ error stitchlab raises), :mod:`stitchlab.experiments`, :mod:`stitchlab.models`,
 :mod:`stitchlab.data`. Names are spelled the British way (``initialise``, ``normalised``).
 """
 
+from .compare import compare
 from .evaluation import evaluate
 from .iris import IRIQuality, IRIRecipe, IRIResult, generate_iris, generate_iris_set
 from .protocols import InvarianceAware, Standard
@@ -31,8 +35,8 @@ from .stitcher import Stitcher, stitch
 
 __version__ = "0.1.0"
 
-# `compare` (two models on data, its results table in memory) joins this list when
-# stitchlab.compare gains its in-memory function (issue 59).
+# `stitchlab.compare` is the function here; `from stitchlab.compare import ...` still
+# reaches the module (CompareSettings, run_compare, ...).
 __all__ = [
     "split",
     "stitch_points",
@@ -47,4 +51,5 @@ __all__ = [
     "IRIResult",
     "IRIQuality",
     "evaluate",
+    "compare",
 ]

@@ -152,13 +152,14 @@ def _cmd_oracle(args: argparse.Namespace) -> int:
     settings = (load_oracle_config(args.config, quick=args.quick) if args.config
                 else OracleSettings.quick() if args.quick else OracleSettings())  # fmt: skip
     changes = {k: v for k, v in (("seed", args.seed), ("threads", args.threads)) if v is not None}
-    return _run_oracle(dataclasses.replace(settings, **changes), args.out, args.no_progress)
+    return _run_oracle(dataclasses.replace(settings, **changes), args.out, args.no_progress,
+                       _executor(args))  # fmt: skip
 
 
-def _run_oracle(settings, out: str, no_progress: bool) -> int:
+def _run_oracle(settings, out: str, no_progress: bool, executor=None) -> int:
     from .oracle import run_oracle
 
-    summary = run_oracle(settings, out, progress=not no_progress)
+    summary = run_oracle(settings, out, progress=not no_progress, executor=executor)
     print("Spearman with the oracle (layer-averaged, 95% interval over pairs):")
     for key, entry in summary["methods"].items():
         v = entry["layer_average"]
@@ -183,7 +184,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         given["random_init"] = args.random_init
         settings = (CompareSettings.quick if args.quick else CompareSettings)(
             front=args.front, back=args.back, data=args.data, **given)
-    return _run_compare(settings, args.out, args.store, args.no_progress)
+    return _run_compare(settings, args.out, args.store, args.no_progress, _executor(args))
 
 
 _COMPARE_ARGS = ("front_weights", "back_weights", "front_num_classes", "back_num_classes",
@@ -194,13 +195,34 @@ _COMPARE_ARGS = ("front_weights", "back_weights", "front_num_classes", "back_num
                  "iri_seeds", "device")  # fmt: skip
 
 
-def _run_compare(settings, out: str, store: str | None, no_progress: bool) -> int:
+def _run_compare(settings, out: str, store: str | None, no_progress: bool, executor=None) -> int:
     from .compare import console_table, run_compare
 
-    df = run_compare(settings, out, store=store, progress=not no_progress)
+    df = run_compare(settings, out, store=store, progress=not no_progress, executor=executor)
     print(console_table(df))
     print(f"report: {Path(out) / 'report.html'}")
     return 0
+
+
+def _executor(args: argparse.Namespace):
+    """A RayExecutor for --ray / --ray-address (each job asking for --gpus-per-job GPUs on
+    CUDA), else None (the jobs run in this process)."""
+    if args.gpus_per_job is not None and not (args.ray or args.ray_address):
+        raise ValueError("--gpus-per-job is what each Ray job asks for: add --ray")
+    if not (args.ray or args.ray_address):
+        return None
+    from .experiments import RayExecutor
+
+    return RayExecutor(args.ray_address, gpus_per_job=args.gpus_per_job)
+
+
+def _add_ray_arguments(parser: argparse.ArgumentParser, what: str) -> None:
+    parser.add_argument("--ray", action="store_true", help=f"run the {what} on a local Ray "
+                        "cluster (a rerun resumes from the store)")  # fmt: skip
+    parser.add_argument("--ray-address", default=None, help="address of a running Ray cluster")
+    parser.add_argument("--gpus-per-job", type=float, default=None,
+                        help="GPUs each Ray job asks for on a CUDA device (default 1; a "
+                        "fraction such as 0.5 shares a GPU)")  # fmt: skip
 
 
 def _print_finding(table: Path) -> None:
@@ -235,7 +257,7 @@ def _report(out: str, quiet: bool = False) -> None:
 
 def _cmd_run(args: argparse.Namespace) -> int:
     from .compare import is_compare_config, load_compare_config
-    from .experiments import LocalExecutor, RayExecutor, load_config, preflight, run_experiment
+    from .experiments import LocalExecutor, load_config, preflight, run_experiment
     from .oracle import is_oracle_config, load_oracle_config
 
     if is_compare_config(args.config):  # a comparison of two models as a config (issue 15)
@@ -244,14 +266,14 @@ def _cmd_run(args: argparse.Namespace) -> int:
             print(f"{args.config}: valid compare config ({settings.front} -> {settings.back} "
                   f"on {settings.data})")  # fmt: skip
             return 0
-        return _run_compare(settings, args.out, args.store, args.no_progress)
+        return _run_compare(settings, args.out, args.store, args.no_progress, _executor(args))
     if is_oracle_config(args.config):  # the oracle testbed as a config (issue 14)
         settings = load_oracle_config(args.config)
         if args.check:
             print(f"{args.config}: valid oracle config ({len(settings.families)} families x "
                   f"{len(settings.seeds)} seeds, points {', '.join(settings.points)})")  # fmt: skip
             return 0
-        return _run_oracle(settings, args.out, args.no_progress)
+        return _run_oracle(settings, args.out, args.no_progress, _executor(args))
     exp = load_config(args.config)  # checked completely before anything runs
     preflight(exp)  # data folders, variables, device: what the run would check first
     if args.check:
@@ -259,13 +281,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         print(f"{args.config}: valid ({len(exp.pairs)} pairs, {len(exp.models)} models, "
               f"{n_points} pair-points; data and device present)")  # fmt: skip
         return 0
-    if args.gpus_per_job is not None and not (args.ray or args.ray_address):
-        raise ValueError("--gpus-per-job is what each Ray job asks for: add --ray")
-    executor = (
-        RayExecutor(args.ray_address, gpus_per_job=args.gpus_per_job)
-        if args.ray or args.ray_address
-        else LocalExecutor()
-    )
+    executor = _executor(args) or LocalExecutor()
     run_experiment(
         exp, args.out, executor=executor, progress=not args.no_progress, store=args.store
     )
@@ -479,6 +495,7 @@ def _parser() -> argparse.ArgumentParser:
     ora.add_argument("--seed", type=int, default=None, help="the testbed data's seed (0)")
     ora.add_argument("--config", default=None, help="a TOML file with an [oracle] table")
     ora.add_argument("--threads", type=int, default=None)
+    _add_ray_arguments(ora, "stitch jobs (one per pair and point)")
     ora.add_argument("--no-progress", action="store_true")
     ora.set_defaults(func=_cmd_oracle)
 
@@ -532,6 +549,7 @@ def _parser() -> argparse.ArgumentParser:
                       "times as much)")
     cmp_.add_argument("--device", default=None, help="cpu (default), cuda, cuda:1, ...")
     _add_random_init(cmp_)
+    _add_ray_arguments(cmp_, "stitch jobs (one per front model and cell)")
     cmp_.add_argument("--no-progress", action="store_true")
     cmp_.set_defaults(func=_cmd_compare)
 
@@ -541,11 +559,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--store", default=None,
                      help="job store shared between runs (default OUT/store)")  # fmt: skip
     run.add_argument("--check", action="store_true", help="only validate the config")
-    run.add_argument("--ray", action="store_true", help="run the jobs on a local Ray cluster")
-    run.add_argument("--ray-address", default=None, help="address of a running Ray cluster")
-    run.add_argument("--gpus-per-job", type=float, default=None,
-                     help="GPUs each Ray job asks for on a CUDA device (default 1, or [run] "
-                     "gpus_per_job; a fraction such as 0.5 shares a GPU)")  # fmt: skip
+    _add_ray_arguments(run, "jobs")
     run.add_argument("--no-report", action="store_true")
     run.add_argument("--no-progress", action="store_true")
     run.set_defaults(func=_cmd_run)

@@ -3,10 +3,10 @@
 Model stitching has no ground truth: nobody can say which score is "right". Here the truth
 is built in. Generated images carry four cues that can each carry the class or not,
 independently: the object's **shape**, its **colour**, its **texture** and a
-class-coloured **marker** square at a class-fixed place (PROTOCOL's Pixel+Loc). A family
-of small CNNs is trained on data where only a chosen subset of the cues is predictive
-(the others random), and each network's reliance is then *measured*: its accuracy on
-cue-isolated data (one cue carries the label, the others are random).
+class-coloured **marker** square at a class-fixed place (Pixel+Loc, docs/method.md
+section 5). A family of small CNNs is trained on data where only a chosen subset of the
+cues is predictive (the others random), and each network's reliance is then *measured*:
+its accuracy on cue-isolated data (one cue carries the label, the others are random).
 
 The oracle of two networks is measured without stitching: how often their predictions
 agree on **cue-conflict** images, where every cue shows its own random class (their
@@ -33,7 +33,7 @@ import logging
 import math
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -325,15 +325,77 @@ def _train_family(settings: OracleSettings, store: Path) -> dict[str, nn.Module]
     return nets
 
 
-def run_oracle(settings: OracleSettings, out: str | Path, *, progress: bool = True) -> dict:
+@dataclass
+class _Context:
+    """What every pair job shares: the settings, the networks, the stitching and test data,
+    the store, and (in one process) the IRI sets made so far."""
+
+    settings: OracleSettings
+    nets: dict[str, nn.Module]
+    stitching: tuple[Tensor, Tensor]
+    test: tuple[Tensor, Tensor]
+    store: Path
+    iri_sets: dict[tuple[str, str], Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class _PairJob:
+    """One (front, back, point): every method graded, stored as one entry at ``path``."""
+
+    context: _Context
+    front: str
+    back: str
+    point: str
+    path: Path
+
+
+def _stored_pair(path: Path) -> list[dict[str, Any]] | None:
+    """A stored pair's rows; None when not stored or damaged (reported, computed again)."""
+    from .store import DamagedEntry
+
+    if not path.exists():
+        return None
+    try:
+        return read_json(path)["rows"]
+    except (DamagedEntry, KeyError) as exc:
+        log.warning("the stored pair %s is damaged (%s); computing it again", path.name, exc)
+        return None
+
+
+def _grade_pair(job: _PairJob) -> None:
+    """Grade one pair at one point unless it is stored, under a lock on its entry (another
+    process computing it is waited for, and its result kept)."""
+    from .experiments.jobs import threads
+    from .iris import generate_iris_set
+    from .store import lock
+
+    c, s = job.context, job.context.settings
+    with threads(s.threads), lock(job.path.with_name(f".{job.path.stem}.lock"),
+                                  f"oracle pair {job.path.stem}"):  # fmt: skip
+        if _stored_pair(job.path) is not None:
+            return
+        if (job.front, job.point) not in c.iri_sets:  # each front's IRIs once per process
+            c.iri_sets[job.front, job.point] = generate_iris_set(
+                c.nets[job.front], job.point, c.stitching, c.store / "iris",
+                steps=s.iri_steps, threshold=10.0, min_null_ratio=0.0,
+            )  # fmt: skip
+        cell = _grade(s, c.nets[job.front], c.nets[job.back], job.point, c.stitching, c.test,
+                      c.iri_sets[job.front, job.point])  # fmt: skip
+        write_json(job.path, {"rows": cell})
+
+
+def run_oracle(settings: OracleSettings, out: str | Path, *, progress: bool = True,
+               executor: Any = None) -> dict:  # fmt: skip
     """Build the testbed, measure the oracle, grade every method; write ``oracle.csv``,
     ``networks.csv``, ``summary.json``, ``figures/oracle.png`` and ``report.html`` into
     ``out``. Finished networks, IRI sets and pair results are kept in ``out/store``, keyed
-    by what determines them, and reused by a rerun."""
+    by what determines them, and reused by a rerun. ``executor``: where the pair jobs run
+    (:class:`~stitchlab.experiments.LocalExecutor` by default, or a
+    :class:`~stitchlab.experiments.RayExecutor`, each job asking for ``threads`` CPUs)."""
     from .experiments.config import stable_hash
+    from .experiments.executors import LocalExecutor
     from .experiments.jobs import threads
     from .experiments.tables import write_csv
-    from .iris import generate_iris_set
 
     out = Path(out)
     store = out / "store"
@@ -361,39 +423,25 @@ def run_oracle(settings: OracleSettings, out: str | Path, *, progress: bool = Tr
         write_csv(out / "networks.csv", network_rows, list(network_rows[0]))
         names = list(nets)
         pairs = [(a, b) for a in names for b in names]
-        rows: list[dict[str, Any]] = []
-        bar = _bar(progress, len(pairs) * len(settings.points), "oracle pairs")
-        # each network's conflict predictions and IRI sets once, not once per pair
+        context = _Context(settings, nets, stitching, aligned_test, store)
+        jobs = [_PairJob(context, front, back, point,
+                         store / "pairs" / f"{front}__{back}__{point}-{pair_key}.json")
+                for front, back in pairs for point in settings.points]  # fmt: skip
+        todo = [job for job in jobs if _stored_pair(job.path) is None]
+        executor = executor if executor is not None else LocalExecutor(progress=progress)
+        executor.configure({"device": "cpu", "threads": settings.threads})
+        executor.map(_grade_pair, todo, desc="oracle pairs")
+        # each network's conflict predictions once, not once per pair
         conflict_pred = {name: _predictions(m, conflict) for name, m in nets.items()}
-        iri_sets: dict[tuple[str, str], Any] = {}
-
-        def iris_of(front: str, point: str):
-            if (front, point) not in iri_sets:
-                iri_sets[front, point] = generate_iris_set(
-                    nets[front], point, stitching, store / "iris", steps=settings.iri_steps,
-                    threshold=10.0, min_null_ratio=0.0,
-                )  # fmt: skip
-            return iri_sets[front, point]
-
-        for front, back in pairs:
+        rows: list[dict[str, Any]] = []
+        for job in jobs:
+            front, back = job.front, job.back
             oracle = _agreement_of(conflict_pred[front], conflict_pred[back])
             overlap = profile_overlap(profiles[front], profiles[back])
-            for point in settings.points:
-                path = store / "pairs" / f"{front}__{back}__{point}-{pair_key}.json"
-                if path.exists():
-                    cell = read_json(path)["rows"]
-                else:
-                    cell = _grade(settings, nets[front], nets[back], point, stitching,
-                                  aligned_test, iris_of(front, point))  # fmt: skip
-                    write_json(path, {"rows": cell})
-                for r in cell:
-                    rows.append({"front": front, "back": back, "self": front == back,
-                                 "point": point, **r, "oracle": oracle,
-                                 "profile_overlap": overlap})  # fmt: skip
-                if bar is not None:
-                    bar.update(1)
-        if bar is not None:
-            bar.close()
+            for r in read_json(job.path)["rows"]:
+                rows.append({"front": front, "back": back, "self": front == back,
+                             "point": job.point, **r, "oracle": oracle,
+                             "profile_overlap": overlap})  # fmt: skip
     rows = with_ceiling(rows)
     write_csv(out / "oracle.csv", rows, list(rows[0]))
     summary = _summary(rows, settings)
@@ -423,14 +471,6 @@ def with_ceiling(rows: list[dict[str, Any]], num_classes: int = 10) -> list[dict
             if c > chance else float("nan")
         out.append(r | {"self_score": c, "normalised": norm})
     return out
-
-
-def _bar(progress: bool, total: int, desc: str):
-    if not progress:
-        return None
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, desc=desc, leave=False)
 
 
 def _grade(settings, front, back, point, stitching, test, iris) -> list[dict[str, Any]]:

@@ -1,4 +1,4 @@
-"""Summary tables computed from ``results.csv`` (PROTOCOL section 4)."""
+"""Summary tables computed from ``results.csv`` (the scores of docs/method.md, section 4)."""
 
 from __future__ import annotations
 
