@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .._allocator import keep_freed_memory
 from .._batchnorm import folded
 from .._data import DataLike, _module_device, as_dataset, batches, check_images
 from .._memory_format import memory_format_for
@@ -352,6 +353,8 @@ def _check_images(images: Tensor, box: tuple[float, float]) -> None:
 def _run_batch(
     front, x, rec: IRIRecipe, seed: int, start: int, memory_format=torch.contiguous_format
 ):
+    if x.device.type == "cpu":
+        keep_freed_memory()  # reuse each step's buffers instead of new pages (_allocator)
     gen = _batch_generator(seed, start)
     x_adv, target = _optimise(front, x, rec, gen, memory_format)
     q, err_q, err_f, rms, null = _measure(front, x, x_adv, target, rec.box, rec.precision)
