@@ -419,6 +419,59 @@ def measure(model, point, x, kw, seed=0) -> dict:
     }  # fmt: skip
 
 
+def time_to_reach(model, point, x, kw, target: float, seed=0) -> dict:
+    """One run of recipe ``kw``, timed at every step: the wall time (from the call, as in
+    :func:`measure`) at which more than half of the samples' relative errors are at most
+    ``target``. The errors are the steps' own (before storage; a sample that stopped early
+    is below the tolerance, 0.01); None if the run never gets there."""
+    from stitchlab.iris import descent
+
+    n, marks, exact = len(x), [], descent._error_and_grad
+
+    def recording(f, target_f, target_norm):
+        err, grad = exact(f, target_f, target_norm)
+        below = n - err.numel() + int((err <= target).sum())  # stopped samples are below
+        marks.append((time.perf_counter() - t0, below))
+        return err, grad
+
+    descent._error_and_grad = recording
+    try:
+        t0 = time.perf_counter()
+        res = generate_iris(model, point, x, seed=seed, **kw)
+        total = time.perf_counter() - t0
+    finally:
+        descent._error_and_grad = exact
+    reached = next((t for t, below in marks if below > n // 2), None)
+    return {"reach_time": reached, "time": total, "median": res.quality().median_error}
+
+
+def time_to_paper(args) -> None:
+    """Per cell: the paper recipe's median error and time, then the time the default takes
+    to reach that median (:func:`time_to_reach`), appended to ``--log``."""
+    torch.set_num_threads(args.threads)
+    for name in args.fronts or list(FRONTS):
+        front = FRONTS[name]
+        if name == "lite0_imagenet" and not (args.cache / f"{name}.safetensors").exists() \
+                and not args.lite0_wheel.exists():
+            continue
+        model = trained(name, front, args)
+        x = sources(front.data, args)[: front.n or args.n]
+        audio = front.data == "tones"
+        generate_iris(model, front.points[0], x[:2], steps=2, **recipe_kwargs("default", {}, audio))
+        for point in front.points:
+            paper = measure(model, point, x, recipe_kwargs("paper", RECIPES["paper"], audio))
+            reach = time_to_reach(model, point, x, recipe_kwargs("default", {}, audio),
+                                  paper["median"])  # fmt: skip
+            ratio = None if reach["reach_time"] is None else reach["reach_time"] / paper["time"]
+            row = {"front": name, "point": point, "held_out": front.held_out,
+                   "paper_median": paper["median"], "paper_time": paper["time"],
+                   "default_median": reach["median"], "default_time": reach["time"],
+                   "reach_time": reach["reach_time"], "ratio": ratio}  # fmt: skip
+            print(json.dumps(row), flush=True)
+            with args.log.open("a") as f:
+                f.write(json.dumps(row) + "\n")
+
+
 def run(args) -> None:
     torch.set_num_threads(args.threads)
     done = set()
@@ -586,11 +639,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--labels", nargs="*")
     ap.add_argument("--new", help="the recipe whose time is compared with the paper's")
     ap.add_argument("--rename", nargs="*", default=[], help="LABEL=NAME for the legend")
+    ap.add_argument("--time-to-paper", action="store_true",
+                    help="log the time the default takes to reach the paper recipe's median")
     args = ap.parse_args(argv)
     if args.table is None:
         args.log = args.log[0]
         args.log.parent.mkdir(parents=True, exist_ok=True)
-        run(args)
+        (time_to_paper if args.time_to_paper else run)(args)
         return
     rows = load(args.log)
     labels = args.labels or list(dict.fromkeys(r["recipe"] for r in rows))
