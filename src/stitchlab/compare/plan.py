@@ -3,8 +3,6 @@ squares needs, what is stored already, and a time estimate."""
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import time
 from collections.abc import Callable
@@ -15,6 +13,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from ..experiments.config import stable_hash
 from .points import _depths
 from .settings import CompareSettings, _iri_seed, _unpack
 from .sides import _leaves, _null_front, _Side
@@ -22,7 +21,8 @@ from .sides import _leaves, _null_front, _Side
 log = logging.getLogger("stitchlab.compare")
 
 def _key(obj: dict[str, Any]) -> str:
-    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:20]
+    """A run's content key: the experiments' hash of its settings (20 hex digits)."""
+    return stable_hash(obj, 20)
 
 
 _VERSION = 2  # of the stored run format
