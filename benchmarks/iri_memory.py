@@ -3,8 +3,8 @@ memory.
 
 glibc returns every freed block above 32 MB to the kernel, so a front at 224 px, whose
 activation buffers are hundreds of megabytes, faults in new pages at every step.
-``stitchlab._allocator.keep_freed_memory`` (applied by IRI generation on the CPU, the CLI,
-``compare`` and Ray jobs) keeps them for reuse. Each variant runs in its own process
+``stitchlab._allocator.keep_freed_memory`` (applied by IRI generation and the Stitcher on
+the CPU) keeps them for reuse. Each variant runs in its own process
 (the allocator setting is per process); ``today`` is the loop with the setting disabled.
 Each process makes IRIs twice: a warm-up of one step (first-touch page faults, the
 trace), then the timed run of ``--steps`` steps, whose user and system CPU time, minor

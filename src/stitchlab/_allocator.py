@@ -8,7 +8,8 @@ and the kernel's page faults take more CPU time than the arithmetic
 (``benchmarks/iri_memory.py``). :func:`keep_freed_memory` tells glibc to serve large blocks
 from the heap and never trim it, so buffers freed by one step are reused by the next: the
 process keeps its peak memory (as it would with the caching allocators of CUDA, jemalloc or
-tcmalloc) instead of asking the kernel for it again.
+tcmalloc) instead of asking the kernel for it again. The two places that allocate such
+buffers apply it on the CPU: IRI generation and the :class:`~stitchlab.Stitcher`.
 """
 
 from __future__ import annotations

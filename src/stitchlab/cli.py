@@ -10,7 +10,6 @@ from pathlib import Path
 
 import torch
 
-from ._allocator import keep_freed_memory
 from .vocabulary import OBJECTIVES
 
 __all__ = ["main"]
@@ -640,7 +639,6 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``stitchlab`` command."""
     args = _parser().parse_args(argv)
     _setup_logging()
-    keep_freed_memory()  # a CLI process reuses freed buffers (stitchlab._allocator)
     try:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:

@@ -33,6 +33,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.data import Dataset, TensorDataset
 
+from ._allocator import keep_freed_memory
 from ._batchnorm import folded
 from ._checks import check_device
 from ._data import (
@@ -151,6 +152,8 @@ class Stitcher:
         self.point = point
         self.back_point = point if back_point is None else back_point
         self.device = check_device(device) if device is not None else _module_device(front_model)
+        if self.device.type == "cpu":
+            keep_freed_memory()  # reuse each batch's buffers instead of new pages (_allocator)
         self.leaf_modules = tuple(leaf_modules)
         self.output = output
         self.layouts = layouts

@@ -13,15 +13,8 @@ from torch import Tensor, nn
 from torch.utils.data import Dataset
 
 from ..vocabulary import IRI_TRANSFER_COLUMNS
-from .settings import CompareSettings, _iri_seed
+from .settings import CompareSettings, _iri_seed, _pack
 from .sides import _layouts, _leaves, _null_front, _Side
-
-
-def _pack(values: Tensor) -> str:
-    """Per-image agreements as base64 float32 (exact, compact, no pickle)."""
-    import base64
-
-    return base64.b64encode(values.float().numpy().tobytes()).decode("ascii")
 
 
 @dataclass

@@ -134,9 +134,6 @@ def _run(s: CompareSettings, sources: Callable[[], tuple], read: Callable[..., A
          executor: Any):  # fmt: skip
     """A comparison: plan, compute what the store lacks (jobs on ``executor``), table;
     the files under ``out`` when given."""
-    from .._allocator import keep_freed_memory
-
-    keep_freed_memory()  # large activation buffers reused, not new pages each batch
     t0 = time.time()
     data, front, back = _sides(s, *sources(), read)
     recipe = _recipe(s, front.source.modality)

@@ -185,7 +185,15 @@ def load_compare_config(path: str | Path, quick: bool = False) -> CompareSetting
     return CompareSettings.from_table(table, Path(path).resolve().parent, quick=quick)
 
 
+def _pack(values) -> str:
+    """Per-image agreements (a tensor) as base64 float32 (exact, compact, no pickle)."""
+    import base64
+
+    return base64.b64encode(values.float().numpy().tobytes()).decode("ascii")
+
+
 def _unpack(s: str, n: int) -> np.ndarray:
+    """The per-image agreements of :func:`_pack`; a ValueError if there are not ``n``."""
     import base64
 
     values = np.frombuffer(base64.b64decode(s), dtype=np.float32)

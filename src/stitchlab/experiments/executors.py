@@ -71,11 +71,7 @@ def _ray_device() -> str:
 
 
 def _placed(fn: Callable[[Any], Any], job: Any, gpus: float) -> Any:
-    """Run ``fn(job)`` in a Ray task, on the GPU Ray assigned it when it asked for one;
-    the worker reuses freed buffers (:func:`stitchlab._allocator.keep_freed_memory`)."""
-    from .._allocator import keep_freed_memory
-
-    keep_freed_memory()
+    """Run ``fn(job)`` in a Ray task, on the GPU Ray assigned it when it asked for one."""
     if gpus <= 0:
         return fn(job)
     _ASSIGNED.append(_ray_device())

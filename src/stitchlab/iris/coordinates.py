@@ -17,7 +17,7 @@ from torch import Tensor, nn
 from torch.nn.utils.fusion import fuse_conv_bn_weights
 
 
-class IRIRecipe(Protocol):
+class _CoordinateFields(Protocol):
     """The fields of :class:`stitchlab.iris.IRIRecipe` that choose the coordinates."""
 
     stft_window: int
@@ -41,7 +41,7 @@ class _TimeFrequency:
         self.window = torch.hann_window(n, periodic=True, device=device).sqrt_()
 
     @classmethod
-    def of(cls, recipe: IRIRecipe, x: Tensor) -> _TimeFrequency | None:
+    def of(cls, recipe: _CoordinateFields, x: Tensor) -> _TimeFrequency | None:
         """The transform of ``recipe.stft_window`` for inputs like ``x`` (None when off); a
         ValueError for inputs that are not ``(N, C, T)`` with ``T`` at least the window."""
         n = recipe.stft_window
@@ -175,7 +175,9 @@ class _FirstLayer:
         return cls._weight(front, x) is not None
 
     @classmethod
-    def of(cls, recipe: IRIRecipe, x: Tensor, front: nn.Module | None) -> _FirstLayer | None:
+    def of(
+        cls, recipe: _CoordinateFields, x: Tensor, front: nn.Module | None
+    ) -> _FirstLayer | None:
         """The preconditioner of ``front`` for inputs like ``x``; None when the recipe
         has none (``"auto"`` counts as ``"first_layer"``), the inputs are not ``(N, C, H,
         W)`` or the front does not start with a convolution :func:`input_convolution`
@@ -230,7 +232,7 @@ class _FirstLayer:
 
 
 def _adam_coordinates(
-    recipe: IRIRecipe, x: Tensor, front: nn.Module | None = None
+    recipe: _CoordinateFields, x: Tensor, front: nn.Module | None = None
 ) -> _TimeFrequency | _FirstLayer | None:
     """The coordinates in which Adam keeps its second moment and takes its steps for
     inputs like ``x`` (``stft_window`` or ``precondition``); None: the inputs' own."""
