@@ -231,12 +231,14 @@ def test_compare_iri_seeds_give_each_stitch_seed_its_own_iris(tmp_path, folder):
         lines = []
         df = run_compare(s, tmp_path / out, store=store, progress=False, echo=lines.append)
         per_run = pd.read_csv(tmp_path / out / "runs.csv")
-        estimates[out] = next(x for x in "\n".join(lines).splitlines() if "estimate:" in x)
+        text = "\n".join(lines).splitlines()
+        estimates[out] = next(x for x in text if x.strip().startswith("IRI sets"))
+        assert any(x.startswith("estimate: about") for x in text)
         return df, per_run[per_run.protocol == "iris"]
 
     estimates = {}
     _, shared = runs(False, "shared")
-    assert "every step of 2 sets" in estimates["shared"] and "stored" not in estimates["shared"]
+    assert "   2 jobs, 0 stored, about" in estimates["shared"]
     stored = set((store / "compare").glob("*.json"))
     assert len(stored) == 2 * 5  # 2 protocols x (2 seeds + 1 null + 2 ceiling seeds)
     assert len(list((store / "iris").iterdir())) == 2  # the front's and the null's
@@ -266,13 +268,12 @@ def test_compare_iri_seeds_give_each_stitch_seed_its_own_iris(tmp_path, folder):
     with pytest.raises(TypeError):
         CompareSettings.quick(front=str(path), back=str(path), data=str(folder), iri_seeds=1)
     # the estimate leaves out the IRI sets already stored (keyed as the run keys them)
-    assert "every step of 1 sets" in estimates["own"]
+    assert "   1 job, 0 stored, about" in estimates["own"]
     for entry in (store / "compare").glob("*.json"):
         if json.loads(entry.read_text())["run"]["protocol"] == "iris":
             entry.unlink()
     runs(True, "again")
-    assert "every step of 0 sets" in estimates["again"]
-    assert "3 of 3 sets stored" in estimates["again"]
+    assert "   3 jobs, 3 stored (" in estimates["again"]  # nothing left: no time
 
 
 def test_compare_torchvision_vs_timm_different_inputs(tmp_path, folder):

@@ -5,6 +5,7 @@ import csv
 import json
 import re
 
+import numpy as np
 import pytest
 
 from stitchlab.cli import main
@@ -278,9 +279,24 @@ def test_builtin_and_repository_configs_are_valid():
     assert shown and all((root / p).is_file() for p in shown), shown
 
 
+def _stages(plan) -> list[tuple[str, int, int]]:
+    return [(s.name, s.jobs, s.stored) for s in plan.stages]
+
+
 def test_run_resume_extend(tmp_path):
     out = tmp_path / "run"
+    # the plan before anything ran: 2 models, 2 fronts x 2 points of IRIs, 2 pairs x 2 points
+    # x 2 objectives x 2 protocols of stitch runs; nothing stored, every stage estimated
+    plan = run_experiment(TINY, out, progress=False, plan_only=True)
+    assert _stages(plan) == [("base models", 2, 0), ("IRI sets", 4, 0), ("stitch runs", 16, 0)]
+    assert all(s.seconds > 0 for s in plan.stages) and plan.seconds == sum(
+        s.seconds for s in plan.stages)
+    assert not (out / "store" / "models").exists()  # a plan computes no job
     first = run_experiment(TINY, out, progress=False)
+    assert json.loads((out / "run.json").read_text())["plan"]["todo"] == 2 + 4 + 16
+    plan = run_experiment(TINY, out, progress=False, plan_only=True)
+    assert _stages(plan) == [("base models", 2, 2), ("IRI sets", 4, 4), ("stitch runs", 16, 16)]
+    assert plan.estimate() == "nothing to compute: every job is stored"
     rows = _rows(out / "results.csv")
     assert len(rows) == 2 * 2 * 2 * 2 and first["stitch"]["run"] == 16
     assert {r["pair"] for r in rows} == {"identical", "cross-seed"}
@@ -303,9 +319,10 @@ def test_run_resume_extend(tmp_path):
     assert recorded == IRIRecipe(steps=3, batch_size=16).as_dict()
     import pandas as pd
 
-    table = pd.read_parquet(out / "results.parquet")  # the same table, typed
+    table = pd.read_parquet(out / "results.parquet")  # the same table, typed, every digit
     assert len(table) == len(rows) and table["agreement"].dtype == float
-    assert table["agreement"].tolist() == [float(r["agreement"]) for r in rows]
+    np.testing.assert_allclose(table["agreement"], [float(r["agreement"]) for r in rows],
+                               rtol=5e-6)  # the CSV's six significant digits
 
     # a rerun reuses every finished job and writes the same table
     (out / "results.csv").unlink()
@@ -316,6 +333,8 @@ def test_run_resume_extend(tmp_path):
     # an extended config only runs what is missing
     bigger = copy.deepcopy(TINY)
     bigger["stitch"]["objectives"] = ["slm", "dm", "fula"]
+    plan = run_experiment(bigger, out, progress=False, plan_only=True)
+    assert _stages(plan)[2] == ("stitch runs", 24, 16) and plan.todo == 8
     extended = run_experiment(bigger, out, progress=False)
     assert extended["stitch"]["run"] == 8 and extended["stitch"]["total"] == 24
 
@@ -412,6 +431,16 @@ def test_cli_run_check_and_errors(tmp_path, capsys):
     assert main(["run", str(bad), "--out", str(tmp_path / "o")]) == 2
     assert "unknown key 'colour'" in capsys.readouterr().err
     assert main(["run", str(builtin_config("demo")), "--out", str(tmp_path), "--check"]) == 0
+    capsys.readouterr()
+    # --plan: the stages, what is stored and the estimate; no job runs, no table is written
+    assert main(["run", str(builtin_config("demo_quick")), "--out", str(tmp_path / "p"),
+                 "--plan"]) == 0  # fmt: skip
+    out = capsys.readouterr().out
+    assert "  base models     3 jobs, 0 stored, about" in out
+    assert "  IRI sets        9 jobs, 0 stored, about" in out
+    assert "  stitch runs    72 jobs, 0 stored, about" in out and "estimate: about" in out
+    assert not (tmp_path / "p" / "results.csv").exists()
+    assert not (tmp_path / "p" / "store" / "models").exists()
 
 
 def test_quick_demo_end_to_end(tmp_path):

@@ -93,6 +93,10 @@ TINY = dict(
 
 def test_tiny_oracle_run_writes_its_tables_and_resumes(tmp_path):
     settings = OracleSettings(**TINY)
+    plan = run_oracle(settings, tmp_path, progress=False, plan_only=True)
+    stages = [(s.name, s.jobs, s.stored) for s in plan.stages]
+    assert stages == [("networks", 3, 0), ("IRI sets", 3, 0), ("graded pairs", 9, 0)]
+    assert all(s.seconds > 0 for s in plan.stages)
     summary = run_oracle(settings, tmp_path, progress=False)
     with open(tmp_path / "oracle.csv") as f:
         rows = list(csv.DictReader(f))
@@ -118,8 +122,13 @@ def test_tiny_oracle_run_writes_its_tables_and_resumes(tmp_path):
     again = run_oracle(settings, tmp_path, progress=False)  # everything reused
     assert again["methods"] == summary["methods"]
     assert again["seconds"] < summary["seconds"] / 2
+    assert run_oracle(settings, tmp_path, progress=False, plan_only=True).todo == 0
     # other stitch settings reuse the networks and IRIs, never a pair result
-    run_oracle(OracleSettings(**{**TINY, "stitch_epochs": 2}), tmp_path, progress=False)
+    other = OracleSettings(**{**TINY, "stitch_epochs": 2})
+    plan = run_oracle(other, tmp_path, progress=False, plan_only=True)
+    stages = [(s.name, s.jobs, s.stored) for s in plan.stages]
+    assert stages == [("networks", 3, 3), ("IRI sets", 3, 3), ("graded pairs", 9, 0)]
+    run_oracle(other, tmp_path, progress=False)
     assert len(list((tmp_path / "store" / "pairs").glob("*.json"))) == 2 * 9
     assert len(list((tmp_path / "store" / "models").iterdir())) == 3
 
@@ -142,6 +151,10 @@ def test_the_oracle_config_runs_through_stitchlab_run(tmp_path, capsys):
     config = Path(__file__).parent.parent / "configs" / "oracle.toml"
     assert main(["run", str(config), "--out", str(tmp_path), "--check"]) == 0
     assert "valid oracle config (8 families" in capsys.readouterr().out
+    assert main(["run", str(config), "--out", str(tmp_path / "p"), "--plan"]) == 0
+    out = capsys.readouterr().out
+    assert "  networks         8 jobs, 0 stored, about" in out and "estimate: about" in out
+    assert not (tmp_path / "p" / "oracle.csv").exists()
     bad = tmp_path / "bad.toml"
     bad.write_text("[oracle]\nn_trian = 5\n")
     assert main(["run", str(bad), "--out", str(tmp_path), "--check"]) != 0

@@ -13,7 +13,7 @@ import pytest
 ray = pytest.importorskip("ray")
 
 from stitchlab.experiments import ConfigError, RayExecutor, load_config, run_experiment  # noqa: E402
-from stitchlab.experiments.executors import assigned_device, gpus_for  # noqa: E402
+from stitchlab.runs.executors import assigned_device, gpus_for  # noqa: E402
 from test_experiments import TINY  # noqa: E402
 
 # this module is not importable in Ray's workers: its functions travel by value

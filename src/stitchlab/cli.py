@@ -139,7 +139,10 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
     name = "demo" if args.modality == "images" else "demo_audio"
     config = builtin_config(name + ("_quick" if args.quick else ""))
-    summary = run_experiment(config, args.out, progress=not args.no_progress)
+    summary = run_experiment(config, args.out, progress=not args.no_progress, echo=print,
+                             plan_only=args.plan)  # fmt: skip
+    if args.plan:
+        return 0
     _report(args.out, quiet=args.no_progress)
     _print_finding(Path(args.out) / "results.csv")
     print(f"demo finished in {summary['seconds']} s; report: {Path(args.out) / 'report.html'}")
@@ -153,13 +156,16 @@ def _cmd_oracle(args: argparse.Namespace) -> int:
                 else OracleSettings.quick() if args.quick else OracleSettings())  # fmt: skip
     changes = {k: v for k, v in (("seed", args.seed), ("threads", args.threads)) if v is not None}
     return _run_oracle(dataclasses.replace(settings, **changes), args.out, args.no_progress,
-                       _executor(args))  # fmt: skip
+                       _executor(args), args.plan)  # fmt: skip
 
 
-def _run_oracle(settings, out: str, no_progress: bool, executor=None) -> int:
+def _run_oracle(settings, out: str, no_progress: bool, executor=None, plan: bool = False) -> int:
     from .oracle import run_oracle
 
-    summary = run_oracle(settings, out, progress=not no_progress, executor=executor)
+    summary = run_oracle(settings, out, progress=not no_progress, executor=executor,
+                         echo=print, plan_only=plan)  # fmt: skip
+    if plan:
+        return 0
     print("Spearman with the oracle (layer-averaged, 95% interval over pairs):")
     for key, entry in summary["methods"].items():
         v = entry["layer_average"]
@@ -184,7 +190,8 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         given["random_init"] = args.random_init
         settings = (CompareSettings.quick if args.quick else CompareSettings)(
             front=args.front, back=args.back, data=args.data, **given)
-    return _run_compare(settings, args.out, args.store, args.no_progress, _executor(args))
+    return _run_compare(settings, args.out, args.store, args.no_progress, _executor(args),
+                        args.plan)  # fmt: skip
 
 
 _COMPARE_ARGS = ("front_weights", "back_weights", "front_num_classes", "back_num_classes",
@@ -195,10 +202,14 @@ _COMPARE_ARGS = ("front_weights", "back_weights", "front_num_classes", "back_num
                  "iri_seeds", "device")  # fmt: skip
 
 
-def _run_compare(settings, out: str, store: str | None, no_progress: bool, executor=None) -> int:
+def _run_compare(settings, out: str, store: str | None, no_progress: bool, executor=None,
+                 plan: bool = False) -> int:  # fmt: skip
     from .compare import console_table, run_compare
 
-    df = run_compare(settings, out, store=store, progress=not no_progress, executor=executor)
+    df = run_compare(settings, out, store=store, progress=not no_progress, executor=executor,
+                     plan_only=plan)  # fmt: skip
+    if plan:
+        return 0
     print(console_table(df))
     print(f"report: {Path(out) / 'report.html'}")
     return 0
@@ -214,6 +225,11 @@ def _executor(args: argparse.Namespace):
     from .experiments import RayExecutor
 
     return RayExecutor(args.ray_address, gpus_per_job=args.gpus_per_job)
+
+
+def _add_plan_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--plan", action="store_true", help="print the plan (jobs per stage, "
+                        "what the store holds, a time estimate) and stop")  # fmt: skip
 
 
 def _add_ray_arguments(parser: argparse.ArgumentParser, what: str) -> None:
@@ -266,14 +282,15 @@ def _cmd_run(args: argparse.Namespace) -> int:
             print(f"{args.config}: valid compare config ({settings.front} -> {settings.back} "
                   f"on {settings.data})")  # fmt: skip
             return 0
-        return _run_compare(settings, args.out, args.store, args.no_progress, _executor(args))
+        return _run_compare(settings, args.out, args.store, args.no_progress, _executor(args),
+                            args.plan)  # fmt: skip
     if is_oracle_config(args.config):  # the oracle testbed as a config (issue 14)
         settings = load_oracle_config(args.config)
         if args.check:
             print(f"{args.config}: valid oracle config ({len(settings.families)} families x "
                   f"{len(settings.seeds)} seeds, points {', '.join(settings.points)})")  # fmt: skip
             return 0
-        return _run_oracle(settings, args.out, args.no_progress, _executor(args))
+        return _run_oracle(settings, args.out, args.no_progress, _executor(args), args.plan)
     exp = load_config(args.config)  # checked completely before anything runs
     preflight(exp)  # data folders, variables, device: what the run would check first
     if args.check:
@@ -282,10 +299,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
               f"{n_points} pair-points; data and device present)")  # fmt: skip
         return 0
     executor = _executor(args) or LocalExecutor()
-    run_experiment(
-        exp, args.out, executor=executor, progress=not args.no_progress, store=args.store
-    )
-    if not args.no_report:
+    run_experiment(exp, args.out, executor=executor, progress=not args.no_progress,
+                   store=args.store, echo=print, plan_only=args.plan)  # fmt: skip
+    if not args.no_report and not args.plan:
         _report(args.out)
     return 0
 
@@ -403,7 +419,7 @@ def _cmd_iris(args: argparse.Namespace) -> int:
     model = _load_model_arg(args.model, args.random_init)
     train = _with_channels_of(model, _data_arg(args)[0])
     options = {"preset": args.preset}
-    for key in ("steps", "step_size", "final_step_size", "optimizer", "tolerance", "history"):
+    for key in ("steps", "step_size", "final_step_size", "optimizer", "tolerance"):
         if getattr(args, key) is not None:
             options[key] = getattr(args, key)
     tracing = _tracing_args(args)
@@ -486,6 +502,7 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--out", required=True, help="output folder")
     demo.add_argument("--quick", action="store_true",
                       help="a smaller run (images: under 2 minutes; audio: under 3)")  # fmt: skip
+    _add_plan_argument(demo)
     demo.add_argument("--no-progress", action="store_true")
     demo.set_defaults(func=_cmd_demo)
 
@@ -496,6 +513,7 @@ def _parser() -> argparse.ArgumentParser:
     ora.add_argument("--config", default=None, help="a TOML file with an [oracle] table")
     ora.add_argument("--threads", type=int, default=None)
     _add_ray_arguments(ora, "stitch jobs (one per pair and point)")
+    _add_plan_argument(ora)
     ora.add_argument("--no-progress", action="store_true")
     ora.set_defaults(func=_cmd_oracle)
 
@@ -550,6 +568,7 @@ def _parser() -> argparse.ArgumentParser:
     cmp_.add_argument("--device", default=None, help="cpu (default), cuda, cuda:1, ...")
     _add_random_init(cmp_)
     _add_ray_arguments(cmp_, "stitch jobs (one per front model and cell)")
+    _add_plan_argument(cmp_)
     cmp_.add_argument("--no-progress", action="store_true")
     cmp_.set_defaults(func=_cmd_compare)
 
@@ -559,6 +578,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--store", default=None,
                      help="job store shared between runs (default OUT/store)")  # fmt: skip
     run.add_argument("--check", action="store_true", help="only validate the config")
+    _add_plan_argument(run)
     _add_ray_arguments(run, "jobs")
     run.add_argument("--no-report", action="store_true")
     run.add_argument("--no-progress", action="store_true")
@@ -597,16 +617,12 @@ def _parser() -> argparse.ArgumentParser:
     ir.add_argument("--preset", default="default",
                     choices=sorted(PRESETS),
                     help="stitchlab's recipe (default), the paper's (200 signed steps of "
-                    "1/255), or for waveforms the audio recipe; the other names are earlier "
-                    "defaults (docs/api.md)")  # fmt: skip
+                    "1/255), or for waveforms the audio recipe (docs/recipes.md)")  # fmt: skip
     ir.add_argument("--steps", type=int, default=None, help="override the preset's steps")
     ir.add_argument("--step-size", type=float, default=None)
     ir.add_argument("--final-step-size", type=float, default=None)
-    ir.add_argument("--optimizer", default=None, choices=("adam", "sign", "l2", "lbfgs"),
-                    help="lbfgs: per-sample L-BFGS (closer IRIs at deep points, 1.1-1.4x "
-                    "the time)")  # fmt: skip
-    ir.add_argument("--history", type=int, default=None,
-                    help="with --optimizer lbfgs: curvature pairs per sample (20)")  # fmt: skip
+    ir.add_argument("--optimizer", default=None, choices=("adam", "sign"),
+                    help="override the preset's optimizer")  # fmt: skip
     ir.add_argument("--tolerance", type=float, default=None)
     _add_data_arguments(ir)
     ir.add_argument("--n", type=int, default=2000)

@@ -32,16 +32,19 @@ import itertools
 import logging
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor, nn
 
 from .store import read_json, write_json
 from .vocabulary import OBJECTIVES, PROTOCOLS
+
+if TYPE_CHECKING:
+    from .runs import Plan
 
 __all__ = [
     "TESTBED_CUES",
@@ -300,18 +303,28 @@ def _network_name(cues: Sequence[str], seed: int) -> str:
     return "+".join(cues) + f"-s{seed}"
 
 
-def _train_family(settings: OracleSettings, store: Path) -> dict[str, nn.Module]:
-    from . import models
-    from .experiments.config import stable_hash
-    from .train import fast_recipe, train_model
+def _networks(settings: OracleSettings, store: Path) -> list[tuple[str, tuple, int, Path]]:
+    """The testbed's networks: ``(name, cues, seed, store folder)``; the folder's name
+    holds a key of everything its training depends on."""
+    from .store import stable_hash
 
-    nets: dict[str, nn.Module] = {}
     training = {k: getattr(settings, k) for k in ("seed", "n_train", "width", "train_epochs",
                                                   "train_batch_size")}  # fmt: skip
+    out = []
     for k, (cues, seed) in enumerate(itertools.product(settings.families, settings.seeds)):
         name = _network_name(cues, seed)
         key = stable_hash({"v": 1, "cues": list(cues), "net_seed": seed, "index": k,
                            **training}, 12)  # fmt: skip
+        out.append((name, cues, seed, store / "models" / f"{name}-{key}"))
+    return out
+
+
+def _train_family(settings: OracleSettings, store: Path) -> dict[str, nn.Module]:
+    from . import models
+    from .train import fast_recipe, train_model
+
+    nets: dict[str, nn.Module] = {}
+    for k, (name, cues, seed, folder) in enumerate(_networks(settings, store)):
         x, y, _ = oracle_data(settings.n_train, seed=settings.seed * 1000 + 10 + k,
                                mode="train", cues=cues)  # fmt: skip
         with torch.random.fork_rng():
@@ -319,10 +332,68 @@ def _train_family(settings: OracleSettings, store: Path) -> dict[str, nn.Module]
             model = models.create("small_cnn", width=settings.width)
         recipe = fast_recipe(epochs=settings.train_epochs, augment=False,
                              batch_size=settings.train_batch_size)  # fmt: skip
-        train_model(model, (x, y), recipe=recipe, out=store / "models" / f"{name}-{key}", seed=seed,
+        train_model(model, (x, y), recipe=recipe, out=folder, seed=seed,
                     description={"oracle_cues": list(cues)})  # fmt: skip
         nets[name] = model.eval()
     return nets
+
+
+def oracle_plan(settings: OracleSettings, store: Path, pair_key: str) -> Plan:
+    """The plan of the testbed over ``store``: its networks, the IRI sets and the graded
+    pairs, what is stored and a time estimate from one timed batch of the small CNN."""
+    from . import models
+    from .runs.plan import (
+        Plan,
+        Stage,
+        iri_seconds,
+        seconds_per_image,
+        stitch_seconds,
+        training_seconds,
+    )
+    from .splitting import split
+    from .train import MODEL_FILE
+
+    s = settings
+    nets = _networks(s, store)
+    trained = [n for n, *_, folder in nets if (folder / MODEL_FILE).exists()]
+    names = [n for n, *_ in nets]
+    pairs = [(a, b, p) for a in names for b in names for p in s.points]
+    left = [(a, b, p) for a, b, p in pairs if _stored_pair(_pair_path(store, a, b, p, pair_key))
+            is None]  # fmt: skip
+    sets = {(a, p) for a, _, p in left}
+    stored: set[tuple[str, str]] = set()
+    if sets and len(trained) == len(nets):  # the IRI sets' keys need the trained weights
+        from .iris import iris_set_stored
+
+        family = _train_family(s, store)  # every network stored: read, not trained
+        stitching = oracle_data(s.n_stitch, seed=s.seed * 1000 + 4, mode="aligned")[:2]
+        stored = {(a, p) for a, p in sets
+                  if iris_set_stored(family[a], p, stitching, store / "iris", steps=s.iri_steps,
+                                     threshold=10.0, min_null_ratio=0.0)}  # fmt: skip
+    x = oracle_data(16, seed=0, mode="aligned")[0]
+    with torch.random.fork_rng():
+        net = models.create("small_cnn", width=s.width).eval()
+    full = seconds_per_image(net, x)
+    prefix = {p: seconds_per_image(split(net, p)[0], x) for p in s.points}
+    runs = len(s.objectives) * (len(s.protocols))
+    stages = (
+        Stage("networks", len(nets), len(trained),
+              training_seconds(full, s.n_train, s.train_epochs) * (len(nets) - len(trained))),
+        Stage("IRI sets", len(sets), len(stored),
+              sum(iri_seconds(prefix[p], s.n_stitch, s.iri_steps) for _, p in sets - stored),
+              f"{s.iri_steps} steps of {s.n_stitch} images each at most"),
+        Stage("graded pairs", len(pairs), len(pairs) - len(left),
+              sum(runs * stitch_seconds(prefix[p], full, s.n_stitch, s.stitch_epochs, s.n_test)
+                  for _, _, p in left),
+              f"{runs} stitch runs, CKA and IRI transfer each"),
+    )  # fmt: skip
+    lines = (f"{len(nets)} networks ({len(s.families)} families x {len(s.seeds)} seeds), "
+             f"{len(pairs)} pairs x points {', '.join(s.points)}",)  # fmt: skip
+    return Plan("plan of the oracle testbed", stages, lines)
+
+
+def _pair_path(store: Path, front: str, back: str, point: str, pair_key: str) -> Path:
+    return store / "pairs" / f"{front}__{back}__{point}-{pair_key}.json"
 
 
 @dataclass
@@ -385,17 +456,21 @@ def _grade_pair(job: _PairJob) -> None:
 
 
 def run_oracle(settings: OracleSettings, out: str | Path, *, progress: bool = True,
-               executor: Any = None) -> dict:  # fmt: skip
+               executor: Any = None, echo: Callable[[str], None] | None = None,
+               plan_only: bool = False) -> dict | Plan:  # fmt: skip
     """Build the testbed, measure the oracle, grade every method; write ``oracle.csv``,
     ``networks.csv``, ``summary.json``, ``figures/oracle.png`` and ``report.html`` into
     ``out``. Finished networks, IRI sets and pair results are kept in ``out/store``, keyed
     by what determines them, and reused by a rerun. ``executor``: where the pair jobs run
-    (:class:`~stitchlab.experiments.LocalExecutor` by default, or a
-    :class:`~stitchlab.experiments.RayExecutor`, each job asking for ``threads`` CPUs)."""
-    from .experiments.config import stable_hash
-    from .experiments.executors import LocalExecutor
+    (:class:`~stitchlab.runs.LocalExecutor` by default, or a
+    :class:`~stitchlab.runs.RayExecutor`, each job asking for ``threads`` CPUs).
+
+    The :class:`~stitchlab.runs.Plan` (stages, what is stored, a time estimate) goes to
+    ``echo`` (default: the log) first; ``plan_only`` returns it and computes nothing."""
     from .experiments.jobs import threads
-    from .experiments.tables import write_csv
+    from .report.oracle import write_oracle_report
+    from .runs import LocalExecutor, write_table
+    from .store import stable_hash
 
     out = Path(out)
     store = out / "store"
@@ -407,6 +482,11 @@ def run_oracle(settings: OracleSettings, out: str | Path, *, progress: bool = Tr
     pair_key = stable_hash({**graded, "methods": GRADED_METHODS_VERSION}, 12)
     t_start = time.time()
     with threads(settings.threads):
+        plan = oracle_plan(settings, store, pair_key)
+        for line in plan.text().splitlines():
+            (echo or log.info)(line)
+        if plan_only:
+            return plan
         nets = _train_family(settings, store)
         s = settings.seed * 1000
         isolated = {c: oracle_data(settings.n_test, seed=s + 1, mode="isolated", cues=(c,))[:2]
@@ -420,12 +500,12 @@ def run_oracle(settings: OracleSettings, out: str | Path, *, progress: bool = Tr
                                                     aligned_test[1]).double().mean() * 100),
                          **{f"acc_{c}": v for c, v in profiles[n].items()}}
                         for n, m in nets.items()]  # fmt: skip
-        write_csv(out / "networks.csv", network_rows, list(network_rows[0]))
+        write_table(out / "networks.csv", network_rows)
         names = list(nets)
         pairs = [(a, b) for a in names for b in names]
         context = _Context(settings, nets, stitching, aligned_test, store)
         jobs = [_PairJob(context, front, back, point,
-                         store / "pairs" / f"{front}__{back}__{point}-{pair_key}.json")
+                         _pair_path(store, front, back, point, pair_key))
                 for front, back in pairs for point in settings.points]  # fmt: skip
         todo = [job for job in jobs if _stored_pair(job.path) is None]
         executor = executor if executor is not None else LocalExecutor(progress=progress)
@@ -443,12 +523,13 @@ def run_oracle(settings: OracleSettings, out: str | Path, *, progress: bool = Tr
                              "point": job.point, **r, "oracle": oracle,
                              "profile_overlap": overlap})  # fmt: skip
     rows = with_ceiling(rows)
-    write_csv(out / "oracle.csv", rows, list(rows[0]))
+    write_table(out / "oracle.csv", rows, parquet=True)
     summary = _summary(rows, settings)
+    summary["plan"] = plan.as_dict()
     summary["seconds"] = round(time.time() - t_start, 1)
     summary["settings"] = dataclasses.asdict(settings)
     write_json(out / "summary.json", summary)
-    _report(out, rows, summary, network_rows)
+    write_oracle_report(out, rows, summary, network_rows)
     log.info("oracle: %d networks, %d pairs, done in %s s; %s", len(names), len(pairs),
              summary["seconds"], out / "summary.json")  # fmt: skip
     return summary
@@ -520,26 +601,20 @@ def _grade(settings, front, back, point, stitching, test, iris) -> list[dict[str
     return rows
 
 
-def _method_key(r: dict[str, Any]) -> str:
-    if r["method"] == "iri_transfer":
-        return f"iri_transfer/{r['protocol']}"
-    if r["method"] == "cka":
-        return f"cka/{r['protocol']}"
-    return f"stitch/{r['protocol']}/{r['objective']}"
-
-
 def _summary(rows: list[dict[str, Any]], settings: OracleSettings) -> dict[str, Any]:
     """Spearman of each method's score with the oracle over the non-self pairs, per point
     and layer-averaged, with bootstrap intervals; and the identities."""
+    from .report.oracle import method_key
+
     off = [r for r in rows if not r["self"]]
-    methods = list(dict.fromkeys(_method_key(r) for r in rows))
+    methods = list(dict.fromkeys(method_key(r) for r in rows))
     out: dict[str, Any] = {"oracle": "conflict_agreement", "methods": {}}
     for key in methods:
         entry: dict[str, Any] = {}
         by_pair: dict[tuple, list[float]] = {}
         oracle: dict[tuple, tuple[float, float]] = {}
         for point in settings.points:
-            sel = [r for r in off if _method_key(r) == key and r["point"] == point]
+            sel = [r for r in off if method_key(r) == key and r["point"] == point]
             x, y = [r["score"] for r in sel], [r["oracle"] for r in sel]
             rho, lo, hi = bootstrap_spearman(x, y, reps=settings.bootstrap, seed=settings.seed)
             rho_o = spearman(x, [r["profile_overlap"] for r in sel])
@@ -557,7 +632,7 @@ def _summary(rows: list[dict[str, Any]], settings: OracleSettings) -> dict[str, 
             "spearman_profile_overlap": spearman(x, [oracle[k][1] for k in keys]),
             "pairs": len(keys),
         }  # fmt: skip
-        selfs = [r["score"] for r in rows if r["self"] and _method_key(r) == key]
+        selfs = [r["score"] for r in rows if r["self"] and method_key(r) == key]
         entry["self_pairs_mean_score"] = sum(selfs) / len(selfs) if selfs else None
         out["methods"][key] = entry
     oracles = [r["oracle"] for r in rows]
@@ -568,71 +643,3 @@ def _summary(rows: list[dict[str, Any]], settings: OracleSettings) -> dict[str, 
 
 def _mean(v: list[float]) -> float | None:
     return sum(v) / len(v) if v else None
-
-
-def _report(out: Path, rows, summary, network_rows) -> None:
-    """A scatter figure (score against oracle, layer-averaged, standard and IRI protocol
-    side by side) and a small HTML page with the tables."""
-    import base64
-
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    off = [r for r in rows if not r["self"]]
-    objectives = list(dict.fromkeys(r["objective"] for r in off if r["method"] == "stitch"))
-    panels = [("standard", o) for o in objectives], [("iris", o) for o in objectives]
-    fig, axes = plt.subplots(len(objectives) + 1, 2, figsize=(7, 2.6 * (len(objectives) + 1)),
-                             squeeze=False)  # fmt: skip
-
-    def averaged(key):
-        cells: dict[tuple, list] = {}
-        for r in off:
-            if _method_key(r) == key:
-                cells.setdefault((r["front"], r["back"]), [r["oracle"], []])[1].append(r["score"])
-        return [(o, sum(s) / len(s)) for o, s in cells.values()]
-
-    for j, col in enumerate(panels):
-        for i, (protocol, objective) in enumerate(col):
-            key = f"stitch/{protocol}/{objective}"
-            _panel(axes[i][j], averaged(key), f"{objective.upper()}, {protocol}",
-                   summary["methods"].get(key, {}).get("layer_average"))  # fmt: skip
-    for j, data in enumerate(("test", "iris")):
-        key = f"cka/{data}"
-        _panel(axes[-1][j], averaged(key), f"linear CKA (x100), on {data}",
-               summary["methods"].get(key, {}).get("layer_average"))  # fmt: skip
-    fig.tight_layout()
-    (out / "figures").mkdir(exist_ok=True)
-    fig.savefig(out / "figures" / "oracle.png", dpi=100)
-    plt.close(fig)
-    from .report import markdown_table
-
-    table = [{"method": k, **{p: f"{v['spearman']:.2f} [{v['ci_low']:.2f}, {v['ci_high']:.2f}]"
-                              for p, v in e.items() if isinstance(v, dict)}}
-             for k, e in summary["methods"].items()]  # fmt: skip
-    img = base64.b64encode((out / "figures" / "oracle.png").read_bytes()).decode()
-    html = (
-        "<html><head><meta charset='utf-8'><title>stitchlab oracle</title></head><body>"
-        "<h1>The oracle testbed</h1><p>Spearman's rho of each method's score with the "
-        "oracle (agreement on cue-conflict images) over the pairs of different networks, "
-        "with 95% bootstrap intervals over pairs.</p><pre>" + markdown_table(table) +
-        "</pre><h2>Networks (accuracy on each cue-isolated set, %)</h2><pre>" +
-        markdown_table(network_rows, float_format=".1f") + "</pre>"
-        f"<img src='data:image/png;base64,{img}'></body></html>"
-    )  # fmt: skip
-    (out / "report.html").write_text(html)
-
-
-def _panel(ax, points, title, stats) -> None:
-    if points:
-        ax.scatter([p[0] for p in points], [p[1] for p in points], s=14)
-    rho = f"rho {stats['spearman']:.2f} [{stats['ci_low']:.2f}, {stats['ci_high']:.2f}]" \
-        if stats else ""
-    ax.set_title(f"{title}\n{rho}", fontsize=8)
-    ax.set_xlabel("oracle: agreement on cue-conflict images (%)", fontsize=7)
-    ax.set_ylabel("score", fontsize=7)
-    ax.set_xlim(0, 100)
-    ax.set_ylim(0, 100)
-    ax.tick_params(labelsize=7)
-

@@ -38,6 +38,7 @@ __all__ = [
     "write_json",
     "read_json",
     "json_checksum",
+    "stable_hash",
     "file_sha256",
     "lock",
 ]
@@ -87,6 +88,13 @@ def write_bytes(path: str | os.PathLike, data: bytes) -> Path:
 def write_text(path: str | os.PathLike, text: str) -> Path:
     """Write ``text`` (UTF-8) to ``path`` atomically."""
     return write_bytes(path, text.encode())
+
+
+def stable_hash(obj: Any, length: int = 16) -> str:
+    """A store key: the SHA-256 of a JSON-serialisable object's text (keys sorted, so
+    independent of their order), its first ``length`` hex digits."""
+    text = json.dumps(obj, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:length]
 
 
 def json_checksum(obj: dict[str, Any]) -> str:

@@ -65,10 +65,10 @@ def run_cell(job: CellJob) -> int:
     as soon as it is done. Returns the number of runs computed."""
     from .._checks import check_class_labels
     from .._data import predict
-    from ..experiments.executors import assigned_device
     from ..fit import TrainingConfig
     from ..metrics import per_image_agreement
     from ..protocols import InvarianceAware, Standard
+    from ..runs.executors import assigned_device
     from ..stitcher import Stitcher
     from ..store import lock, write_json
     from .plan import _stored_run

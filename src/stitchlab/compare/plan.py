@@ -4,19 +4,21 @@ squares needs, what is stored already, and a time estimate."""
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
-from torch import Tensor, nn
+from torch import nn
 
-from ..experiments.config import stable_hash
+from ..store import stable_hash
 from .points import _depths
 from .settings import CompareSettings, _iri_seed, _unpack
 from .sides import _leaves, _null_front, _Side
+
+if TYPE_CHECKING:
+    from ..runs import Plan
 
 log = logging.getLogger("stitchlab.compare")
 
@@ -125,10 +127,16 @@ def _stored_run(path: Path, echo: Callable[[str], None]) -> dict | None:
     return None
 
 
-def _plan_text(s, data, front, back, cells, objectives, runs, todo, estimate, needs, n_init,
-               n_stitch: int) -> str:  # fmt: skip
+def comparison_plan(s, data, front, back, cells, objectives, runs, todo, needs, n_init,
+                    n_stitch: int, iri_steps: int, stored_sets: set[tuple]) -> Plan:  # fmt: skip
+    """The plan of a comparison: what it compares on what, its stages (the IRI sets its
+    runs to compute need, the stitch runs), what is stored and a time estimate from one
+    timed batch of each model; notes name the cells whose least squares is
+    under-determined."""
+    from ..runs import Plan, Stage
+
     n_ceiling = sum(1 for r in runs if r.get("ceiling"))
-    lines = [
+    lines = (
         f"front: {front.source.describe()}", f"  input: {front.source.input}",
         f"back:  {back.source.describe()}", f"  input: {back.source.input}",
         f"data:  {data.kind} {data.source}: {len(data.stitch)} stitching, {len(data.test)} "
@@ -137,37 +145,31 @@ def _plan_text(s, data, front, back, cells, objectives, runs, todo, estimate, ne
         f"cells: {', '.join(f'{a}->{b}' for a, b in cells)}",
         f"runs:  {len(runs)} = {len(cells)} cells x {len(s.protocols)} protocols x "
         f"{len(objectives)} objectives x ({s.seeds} seeds + {s.nulls} null fronts) + "
-        f"{n_ceiling} ceiling runs (the back into itself at each back point, {s.seeds} "
-        f"seeds); {len(runs) - len(todo)} already stored",
-        f"estimate: {estimate}",
-    ]  # fmt: skip
-    under = []
+        f"{n_ceiling} ceiling runs (the back into itself at each back point, {s.seeds} seeds)",
+    )  # fmt: skip
+    needed = _iri_sets_of(s, todo, front.fingerprint == back.fingerprint)
+    iris, fits = _estimate(s, front, back, data.item_shape, iri_steps, todo, needed - stored_sets)
+    stages = (
+        Stage("IRI sets", len(needed), len(needed & stored_sets), iris,
+              f"{iri_steps} steps of {n_stitch} images each; an upper bound, as samples stop "
+              "at the recipe's tolerance"),
+        Stage("stitch runs", len(runs), len(runs) - len(todo), fits),
+    )  # fmt: skip
+    notes = []
     for f, b in cells:
         have = min(n_init[(f, b)], n_stitch)
         for what, need in ((f"{f} -> {b}", needs[(f, b)][0]),
                            (f"{b} -> {b} (ceiling)", needs[(f, b)][1])):  # fmt: skip
             if have < need:
-                under.append(f"  {what}: {have} images, needs {need}")
-    if under:
+                notes.append(f"  {what}: {have} images, needs {need}")
+    if notes:
         from ..fit import UNDERDETERMINED_RIDGE
 
-        lines += [f"under-determined least squares (fewer rows, images x positions, than "
-                  f"input channels + 1): these use ridge {UNDERDETERMINED_RIDGE:g} and their "
-                  "ceiling will show what the budget loses; for a determined fit give "
-                  "--n-init and --n-stitch of at least the images needed"] + under
-    return "\n".join(lines)
-
-
-def _timed(model: nn.Module, x: Tensor) -> float:
-    """Seconds per image of one forward and backward pass (after a warm-up)."""
-    x = x.clone().requires_grad_(True)
-    best = float("inf")
-    for _ in range(3):  # the fastest of three (the first pays for allocation)
-        t = time.perf_counter()
-        model(x).sum().backward()
-        best = min(best, time.perf_counter() - t)
-    model.zero_grad(set_to_none=True)  # leave no gradients on the caller's model
-    return best / len(x)
+        notes.insert(0, f"under-determined least squares (fewer rows, images x positions, than "
+                     f"input channels + 1): these use ridge {UNDERDETERMINED_RIDGE:g} and their "
+                     "ceiling will show what the budget loses; for a determined fit give "
+                     "--n-init and --n-stitch of at least the images needed")  # fmt: skip
+    return Plan("comparison", stages, lines, tuple(notes))
 
 
 def _iri_sets_of(s: CompareSettings, todo: list[dict],
@@ -207,34 +209,25 @@ def _stored_iri_sets(s, front, back, stitch_set, store: Path, recipe, todo,
     return found
 
 
-def _estimate(s, front, back, shape, iri_steps, todo, stored: set[tuple]) -> str:
-    """A rough time from one timed batch of each model (IRIs, stitch training, tests).
-    The IRIs' part counts every step of the sets not in the store (``stored``): an upper
-    bound, as samples stop at the recipe's tolerance, often far earlier."""
+def _estimate(s, front, back, shape, iri_steps, todo,
+              to_make: set[tuple]) -> tuple[float | None, float | None]:  # fmt: skip
+    """Seconds of the IRI sets ``to_make`` (every step: an upper bound) and of the stitch
+    runs ``todo``, from one timed batch of each model; ``(None, None)`` when a model cannot
+    be timed (the run itself reports why)."""
+    from ..runs.plan import iri_seconds, seconds_per_image, stitch_seconds
+
     if not todo:
-        return "nothing to compute"
+        return 0.0, 0.0
     x = torch.rand(min(32, s.n_stitch), *shape, device=s.device)
     try:
-        tf, tb = _timed(front.model, x), _timed(back.model, x)
-    except Exception as exc:  # the real run will report it properly
-        return f"not available ({type(exc).__name__})"
+        tf, tb = seconds_per_image(front.model, x), seconds_per_image(back.model, x)
+    except Exception:  # noqa: BLE001 - only an estimate: the real run reports the error
+        return None, None
     depth = dict(zip(front.points, _depths(front.points)))
     back_depth = dict(zip(back.points, _depths(back.points)))
-    needed = _iri_sets_of(s, todo, front.fingerprint == back.fingerprint)
-    fronts = needed - stored
     # an IRI step runs the front's prefix only (about its relative depth of the network)
-    iris = sum(back_depth[f] * tb if c else depth[f] * tf
-               for f, _, _, c in fronts) * iri_steps * s.n_stitch  # fmt: skip
-    fits = sum(s.epochs * s.n_stitch * (tb + (tb if r.get("ceiling") else tf) / 3)
-               + s.n_test * (tf + tb) / 3 for r in todo)  # fmt: skip
-    total = iris + fits
-    cached = f"; {len(needed & stored)} of {len(needed)} sets stored" if needed & stored else ""
-    return (f"about {_duration(total)} (IRIs at most {_duration(iris)}, every step "
-            f"of {len(fronts)} sets; stitching {_duration(fits)}{cached}; from one timed "
-            "batch, often off by 2x)")  # fmt: skip
-
-
-def _duration(seconds: float) -> str:
-    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min"
-
-
+    iris = sum(iri_seconds(tb if c else tf, s.n_stitch, iri_steps, back_depth[f] if c else depth[f])
+               for f, _, _, c in to_make)  # fmt: skip
+    fits = sum(stitch_seconds(tb if r.get("ceiling") else tf, tb, s.n_stitch, s.epochs, s.n_test)
+               for r in todo)  # fmt: skip
+    return iris, fits

@@ -15,12 +15,11 @@ from torch import nn
 
 from .jobs import CompareContext, cell_jobs, run_cell
 from .plan import (
-    _estimate,
     _images_needed,
     _need,
-    _plan_text,
     _stored_iri_sets,
     _stored_run,
+    comparison_plan,
     plan_runs,
 )
 from .points import match_points
@@ -114,26 +113,30 @@ def run_compare(
     progress: bool = True,
     echo: Callable[[str], None] = print,
     executor: Any = None,
+    plan_only: bool = False,
 ):
     """Run (or resume) a comparison; write ``results.csv``, ``results.parquet``,
     ``runs.csv``, ``summary.json``, figures and ``report.html`` under ``out``. Returns
     the results table (a pandas DataFrame, one row per front point, back point,
     objective and protocol). ``executor``: where the stitch jobs run
-    (:class:`~stitchlab.experiments.LocalExecutor` by default, or a
-    :class:`~stitchlab.experiments.RayExecutor`)."""
+    (:class:`~stitchlab.runs.LocalExecutor` by default, or a
+    :class:`~stitchlab.runs.RayExecutor`). ``plan_only``: print the plan (stages, what
+    is stored, the time estimate) and return it as a :class:`~stitchlab.runs.Plan`,
+    computing nothing."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     store = Path(store) if store is not None else out / "store"
     s = settings
     return _run(s, lambda: (_source(s, "front"), _source(s, "back")), None, out, store,
-                progress, echo, executor)  # fmt: skip
+                progress, echo, executor, plan_only)  # fmt: skip
 
 
 def _run(s: CompareSettings, sources: Callable[[], tuple], read: Callable[..., Any] | None,
          out: Path | None, store: Path, progress: bool, echo: Callable[[str], None],
-         executor: Any):  # fmt: skip
+         executor: Any, plan_only: bool = False):  # fmt: skip
     """A comparison: plan, compute what the store lacks (jobs on ``executor``), table;
-    the files under ``out`` when given."""
+    the files under ``out`` when given. ``plan_only``: return the :class:`~stitchlab.runs.Plan`
+    after printing it, computing nothing."""
     t0 = time.time()
     data, front, back = _sides(s, *sources(), read)
     recipe = _recipe(s, front.source.modality)
@@ -189,11 +192,13 @@ def _run(s: CompareSettings, sources: Callable[[], tuple], read: Callable[..., A
     todo = [r for r in runs if r["key"] not in entries]
     null_fronts: dict[int, nn.Module] = {}  # built once, for the estimate and the runs
     stored = _stored_iri_sets(s, front, back, stitch_set, store, recipe, todo, null_fronts)
-    echo(_plan_text(s, data, front, back, cells, objectives, runs, todo,
-                    _estimate(s, front, back, data.item_shape, recipe.steps, todo,
-                              stored), needs, n_init, len(stitch_set)))  # fmt: skip
+    plan = comparison_plan(s, data, front, back, cells, objectives, runs, todo, needs, n_init,
+                           len(stitch_set), recipe.steps, stored)  # fmt: skip
+    echo(plan.text())
     for line in plan_skipped[1 if plan_skipped and plan_skipped[0].startswith("HLM") else 0:]:
         echo(f"left out: {line}")
+    if plan_only:
+        return plan
     reference = _back_logits(back.model, test_set, s.device)
     context = CompareContext(s, front, back, stitch_set, test_set, reference.cpu(), store,
                              recipe, null_fronts)  # fmt: skip
@@ -204,7 +209,7 @@ def _run(s: CompareSettings, sources: Callable[[], tuple], read: Callable[..., A
     rows = _aggregate(s, front, back, data, runs, entries, needs)
     if out is not None:
         _write(out, s, data, front, back, rows, [entries[r["key"]] for r in runs],
-               plan_skipped, time.time() - t0, recipe)  # fmt: skip
+               plan_skipped, time.time() - t0, recipe, plan)  # fmt: skip
     import pandas as pd
 
     return pd.DataFrame(rows)
@@ -215,7 +220,7 @@ def _run(s: CompareSettings, sources: Callable[[], tuple], read: Callable[..., A
 def _execute(context: CompareContext, todo: list[dict], executor: Any,
              progress: bool) -> None:  # fmt: skip
     """Compute the runs of ``todo``: one job per (front model, cell) on ``executor``."""
-    from ..experiments.executors import LocalExecutor
+    from ..runs import LocalExecutor
 
     if not todo:
         return

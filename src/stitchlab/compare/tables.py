@@ -201,14 +201,11 @@ def console_table(results) -> str:
     return "\n".join(lines)
 
 
-def _write(out, s, data, front, back, rows, per_run, skipped, seconds, recipe) -> None:
-    import pandas as pd
+def _write(out, s, data, front, back, rows, per_run, skipped, seconds, recipe, plan) -> None:
+    from ..runs import write_table
+    from ..store import write_json
 
-    from ..store import atomic_write, write_json, write_text
-
-    df = pd.DataFrame(rows)
-    write_text(out / "results.csv", df.to_csv(index=False))
-    atomic_write(out / "results.parquet", lambda p: df.to_parquet(p, index=False))
+    df = write_table(out / "results.csv", rows, parquet=True)
     run_rows = [e["run"] | {k: e[k] for k in ("accuracy", "iri_median_error", "iri_flagged",
                                                "init_residual", "seconds")}
                 | {k: e.get(k) for k in ("init_samples", "init_images_needed",
@@ -216,7 +213,7 @@ def _write(out, s, data, front, back, rows, per_run, skipped, seconds, recipe) -
                 | {"agreement": 100 * float(_unpack(e["values"], e["n"]).mean()),
                    "hard_agreement": e["hard_agreement"]}
                 for e in per_run]  # fmt: skip
-    write_text(out / "runs.csv", pd.DataFrame(run_rows).to_csv(index=False))
+    write_table(out / "runs.csv", run_rows)
     summary = {
         "front": front.source.describe(), "back": back.source.describe(),
         "front_input": str(front.source.input), "back_input": str(back.source.input),
@@ -225,7 +222,7 @@ def _write(out, s, data, front, back, rows, per_run, skipped, seconds, recipe) -
                  "labelled": data.labelled, "modality": data.modality,
                  "items": data.describe_items()},
         "settings": dataclasses.asdict(s), "iri_recipe": recipe.as_dict(), "skipped": skipped,
-        "seconds": round(seconds, 1),
+        "plan": plan.as_dict(), "seconds": round(seconds, 1),
     }  # fmt: skip
     write_json(out / "summary.json", summary)
     from ..report.compare import write_compare_report

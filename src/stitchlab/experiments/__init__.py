@@ -9,7 +9,8 @@
 
 from pathlib import Path
 
-from .config import ConfigError, Experiment, load_config, stable_hash
+from ..store import stable_hash
+from .config import ConfigError, Experiment, load_config
 from .runner import (
     RESULT_COLUMNS,
     LocalExecutor,

@@ -60,14 +60,13 @@ from __future__ import annotations
 
 import copy
 import difflib
-import hashlib
-import json
 import math
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..store import stable_hash
 from ..vocabulary import (
     AUDIO_MARKERS,
     DATA_KINDS,
@@ -80,7 +79,7 @@ from ..vocabulary import (
     SPEECH_KINDS,
 )
 
-__all__ = ["ConfigError", "Experiment", "load_config", "stable_hash"]
+__all__ = ["ConfigError", "Experiment", "load_config"]
 
 
 _TOP = {"name", "description", "reductions", "data", "models", "pairs", "stitch", "iris", "run"}
@@ -103,12 +102,6 @@ _RUN = {"threads", "device", "gpus_per_job"}
 
 class ConfigError(ValueError):
     """An invalid experiment configuration; the message names the offending entry."""
-
-
-def stable_hash(obj: Any, length: int = 16) -> str:
-    """Hash of a JSON-serialisable object, independent of key order."""
-    text = json.dumps(obj, sort_keys=True, default=str)
-    return hashlib.sha256(text.encode()).hexdigest()[:length]
 
 
 def _check_keys(section: dict, allowed: set[str], where: str) -> None:
@@ -385,7 +378,7 @@ def _validate(raw: dict[str, Any]) -> Experiment:
     _positive_int(run["threads"], "[run] threads")
     _check_device(run["device"])
     if "gpus_per_job" in run:  # what a job asks Ray for (executors.gpus_for)
-        from .executors import gpus_for
+        from ..runs.executors import gpus_for
 
         value = run["gpus_per_job"]
         if isinstance(value, bool) or not isinstance(value, (int, float)):

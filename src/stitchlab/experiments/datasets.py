@@ -18,8 +18,9 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+from ..store import stable_hash
 from ..vocabulary import GENERATED_KINDS, SPEECH_KINDS
-from .config import ConfigError, stable_hash
+from .config import ConfigError
 
 __all__ = [
     "ProcessCache",

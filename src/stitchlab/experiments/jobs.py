@@ -22,8 +22,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..store import DamagedEntry, lock, read_json, write_json
-from .config import IRIS_SET_KEYS, stable_hash
+from ..runs.executors import assigned_device
+from ..store import DamagedEntry, lock, read_json, stable_hash, write_json
+from .config import IRIS_SET_KEYS
 from .datasets import (
     CACHE,
     base_data,
@@ -34,7 +35,6 @@ from .datasets import (
     stitch_data,
     test_data,
 )
-from .executors import assigned_device
 
 if TYPE_CHECKING:
     from ..iris import IRIRecipe

@@ -16,14 +16,15 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ..runs import LocalExecutor, Plan, RayExecutor, write_table
 from ..store import write_json
 from ..vocabulary import GENERATED_KINDS, RESULT_COLUMNS, SPEECH_KINDS
 from .config import ConfigError, Experiment, load_config
 from .datasets import fingerprints, model_data, resolve_root, with_speech_cache
-from .executors import LocalExecutor, RayExecutor
 from .jobs import (
     CKAJob,
     FrontJob,
@@ -40,7 +41,8 @@ from .jobs import (
     stitch_group_job,
     train_job,
 )
-from .tables import pair_rows, write_csv, write_examples, write_parquet
+from .plan import plan_experiment
+from .tables import pair_rows, write_examples
 
 __all__ = [
     "run_experiment",
@@ -103,14 +105,20 @@ def run_experiment(
     progress: bool = True,
     examples: int = 6,
     store: str | Path | None = None,
-) -> RunSummary:
+    echo: Callable[[str], None] | None = None,
+    plan_only: bool = False,
+) -> RunSummary | Plan:
     """Run (or resume) an experiment into ``out``: ``results.csv`` (and the same table as
     ``results.parquet``), ``pairs.csv``,
     ``iris_examples.safetensors`` and ``run.json``.
 
     Finished jobs live in ``store`` (default ``out/store``). Several experiments may share
     one store: a base model, IRI set or stitch run with the same key is then computed once
-    (e.g. the clean back model of experiments A, B and C)."""
+    (e.g. the clean back model of experiments A, B and C).
+
+    The run's :class:`~stitchlab.runs.Plan` (its stages, what is stored, a time estimate)
+    goes to ``echo`` (default: the log) before the first job; ``plan_only`` returns it
+    and computes nothing."""
     exp = config if isinstance(config, Experiment) else load_config(config)
     preflight(exp)
     executor = executor or LocalExecutor(progress)
@@ -126,6 +134,11 @@ def run_experiment(
     start = time.time()
     # the data are read once here and keyed by content; every job checks the fingerprint
     raw = with_fingerprints(with_speech_cache(exp.raw, str(store / "data")))
+    plan = plan_experiment(exp, raw, store)
+    for line in plan.text().splitlines():
+        (echo or log.info)(line)
+    if plan_only:
+        return plan
     ctx = RunContext(raw, str(store))
     summary = RunSummary(experiment=exp.name, out=str(out), executor=executor.name)
 
@@ -173,8 +186,7 @@ def run_experiment(
     log.info("[%s] %d stitch runs in %d groups", exp.name, n_runs, len(groups))
     rows = [r for g in executor.map(stitch_group_job, groups, "stitch groups") for r in g]
     summary["stitch"] = {"run": sum(not r["_reused"] for r in rows), "total": len(rows)}
-    write_csv(out / "results.csv", rows, RESULT_COLUMNS)
-    write_parquet(out / "results.csv")
+    write_table(out / "results.csv", rows, RESULT_COLUMNS, parquet=True)
 
     # 4. CKA on test data and on test IRIs (experiment D)
     cka_rows: list[dict[str, Any]] = []
@@ -186,7 +198,7 @@ def run_experiment(
             for i, point in enumerate(exp.points[pair], start=1)
         ]  # fmt: skip
         cka_rows = [r for rows_ in executor.map(cka_job, cka_jobs, "CKA") for r in rows_]
-        write_csv(out / "cka.csv", cka_rows, list(cka_rows[0]))
+        write_table(out / "cka.csv", cka_rows)
 
     # 5. Front reference points and example IRIs
     front_jobs = [
@@ -196,7 +208,7 @@ def run_experiment(
     ]
     fronts = LocalExecutor(False).map(front_job, front_jobs) if front_jobs else []
     pairs = pair_rows(fronts)
-    write_csv(out / "pairs.csv", pairs, list(pairs[0]) if pairs else ["pair"])
+    write_table(out / "pairs.csv", pairs, None if pairs else ["pair"])
     if iri_paths:
         write_examples(out / "iris_examples.safetensors", raw, iri_paths, examples)
     cka_sets = len(cka_jobs) if exp.stitch["cka"] else 0  # IRI sets of the test data
@@ -213,6 +225,7 @@ def run_experiment(
         amps = [r.get("iri_amp") for r in rows if r["protocol"] == "iris"]
         amps += [r["iri_amp"] for r in cka_rows if r["data"] == "test_iris"]
         summary["iris"]["amp_ran"] = sorted({a or "unrecorded" for a in amps})
+    summary["plan"] = plan.as_dict()
     summary["seconds"] = round(time.time() - start, 1)
     write_json(out / "run.json", {**summary, "config": raw})
     log.info(

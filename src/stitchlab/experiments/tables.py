@@ -1,44 +1,15 @@
-"""The tables a run writes (results, pairs, CKA) and its example IRIs; all atomic."""
+"""An experiment's per-pair table and its example IRIs (the tables themselves are written by
+:func:`stitchlab.runs.write_table`)."""
 
 from __future__ import annotations
 
-import csv
-import io
 import json
-import math
 from pathlib import Path
 from typing import Any
 
-from ..store import atomic_write, write_text
-from ..vocabulary import RESULT_COLUMNS
+from ..store import atomic_write
 
-__all__ = ["RESULT_COLUMNS", "write_csv", "write_parquet", "pair_rows", "write_examples"]
-
-
-def _fmt(v: Any) -> Any:
-    if v is None:
-        return ""
-    if isinstance(v, float):
-        return "" if math.isnan(v) else f"{v:.6g}"
-    return v
-
-
-def write_csv(path: Path, rows: list[dict[str, Any]], columns: list[str]) -> None:
-    """Write ``rows`` as CSV with ``columns`` (others ignored; missing values empty)."""
-    buf = io.StringIO(newline="")
-    writer = csv.DictWriter(buf, fieldnames=columns, extrasaction="ignore")
-    writer.writeheader()
-    for row in rows:
-        writer.writerow({c: _fmt(row.get(c)) for c in columns})
-    write_text(path, buf.getvalue())
-
-
-def write_parquet(csv_path: Path) -> None:
-    """``results.parquet`` beside ``results.csv``: the same table with typed columns."""
-    import pandas as pd
-
-    table = pd.read_csv(csv_path)
-    atomic_write(csv_path.with_suffix(".parquet"), lambda p: table.to_parquet(p, index=False))
+__all__ = ["pair_rows", "write_examples"]
 
 
 def pair_rows(fronts: list[dict[str, Any]]) -> list[dict[str, Any]]:

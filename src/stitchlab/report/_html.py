@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import base64
+import io
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from html import escape
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -156,3 +159,27 @@ def page(
         out.append("</ul></section>")
     out.append("</body></html>")
     return "\n".join(out) + "\n"
+
+
+def figure_files(fig: Any, folder: Path, name: str) -> bytes:
+    """Save a matplotlib figure as ``folder/name.png`` and ``.pdf`` (atomically), close
+    it, and return the PNG's bytes (for the page)."""
+    import matplotlib.pyplot as plt
+
+    from ..store import write_bytes
+
+    folder.mkdir(parents=True, exist_ok=True)
+    png, pdf = io.BytesIO(), io.BytesIO()
+    fig.savefig(png, format="png", dpi=110, bbox_inches="tight")
+    fig.savefig(pdf, format="pdf", bbox_inches="tight")
+    plt.close(fig)
+    write_bytes(folder / f"{name}.png", png.getvalue())
+    write_bytes(folder / f"{name}.pdf", pdf.getvalue())
+    return png.getvalue()
+
+
+def write_page(out: Path, html: str) -> Path:
+    """Write ``out/report.html`` atomically; returns its path."""
+    from ..store import write_text
+
+    return write_text(Path(out) / "report.html", html)

@@ -434,8 +434,4 @@ def make_report(
     ]
     title = "stitchlab report" + (f": {', '.join(experiments)}" if any(experiments) else "")
     html = _html.page(title, meta, b.figures, b.tables, b.skipped, b.audio)
-    out = data.run_dir / "report.html"
-    tmp = out.with_suffix(".html.tmp")
-    tmp.write_text(html, encoding="utf-8")
-    os.replace(tmp, out)
-    return out
+    return _html.write_page(data.run_dir, html)

@@ -4,13 +4,12 @@ of points, and the tables; budget-limited rows are marked in each."""
 
 from __future__ import annotations
 
-import io
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
-from ._html import FigureEntry, TableEntry, fmt, page
+from ._html import FigureEntry, TableEntry, figure_files, fmt, page, write_page
 
 __all__ = ["write_compare_report", "plot_profile", "plot_heatmaps"]
 
@@ -104,17 +103,6 @@ def plot_heatmaps(results: pd.DataFrame):
     return fig
 
 
-def _save(fig, folder: Path, name: str) -> bytes:
-    plt = _pyplot()
-    folder.mkdir(parents=True, exist_ok=True)
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
-    (folder / f"{name}.png").write_bytes(buf.getvalue())
-    fig.savefig(folder / f"{name}.pdf", bbox_inches="tight")
-    plt.close(fig)
-    return buf.getvalue()
-
-
 def _digits(v: float, digits: int) -> str:
     return "—" if pd.isna(v) else f"{v:.{digits}f}"
 
@@ -150,13 +138,13 @@ def write_compare_report(out: str | Path, results: pd.DataFrame, summary: dict[s
         "Dashed: the ceiling, the back stitched into itself at the back point with the "
         "same budget (an identity stitch exists, so anything below 100 is what the budget "
         "loses). Ringed: budget-limited points, whose ceiling is below 90.",
-        _save(plot_profile(results), figs, "profile"),
+        figure_files(plot_profile(results), figs, "profile"),
         ["figures/profile.png", "figures/profile.pdf"])]  # fmt: skip
     if grid:
         entries.append(FigureEntry(
             "heatmap", "Every front point into every back point",
             "Agreement (%) for each cell of the grid.",
-            _save(plot_heatmaps(results), figs, "heatmap"),
+            figure_files(plot_heatmaps(results), figs, "heatmap"),
             ["figures/heatmap.png", "figures/heatmap.pdf"]))  # fmt: skip
     nan_column = pd.Series(float("nan"), index=results.index)  # tables before the column
     table = pd.DataFrame({
@@ -199,7 +187,5 @@ def write_compare_report(out: str | Path, results: pd.DataFrame, summary: dict[s
                  f"({d['split']})"),
         ("time", f"{summary['seconds']} s"),
     ]  # fmt: skip
-    html = page("stitchlab compare", meta, entries, tables, summary.get("skipped", []))
-    path = out / "report.html"
-    path.write_text(html)
-    return path
+    return write_page(out, page("stitchlab compare", meta, entries, tables,
+                                summary.get("skipped", [])))  # fmt: skip
