@@ -545,6 +545,9 @@ def table(rows: list[dict], labels: list[str], new: str | None = None) -> str:
     if new is not None:
         head.append(f"{new} / paper time")
     head.append("null")
+    system = any("system" in r for r in rows)
+    if system:  # the kernel's share of the CPU time (page faults), the most of any recipe
+        head.append("system / CPU time")
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for (front, point), by in cells.items():
         any_r = next(iter(by.values()))
@@ -556,7 +559,12 @@ def table(rows: list[dict], labels: list[str], new: str | None = None) -> str:
             vals.append(f"{ratio:.2f}" if ratio is not None else "-")
         null = f"{any_r['null']:.2f}" if any_r.get("null") is not None else "-"
         kind = "held out" if any_r["held_out"] else "choice"
-        lines.append(f"| {front} | {point} | {kind} | " + " | ".join(vals) + f" | {null} |")
+        share = ""
+        if system:
+            shares = [r["system"] / r["cpu"] for r in by.values() if "system" in r and r["cpu"]]
+            share = f" {100 * max(shares):.1f}% |" if shares else " - |"
+        lines.append(f"| {front} | {point} | {kind} | " + " | ".join(vals) + f" | {null} |"
+                     + share)  # fmt: skip
     return "\n".join(lines)
 
 

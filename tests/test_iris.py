@@ -337,8 +337,8 @@ def test_recipe_describe_names_every_choice():
         "least 0.05; exact in the last 90 steps; exact once at most 10% of every inner "
         "ReLU's units differ in state from the source's), straight through at the output, "
         "per-sample tolerance 0.01, box (0, "
-        "1), stored as uint8, in bfloat16 where the hardware has bf16 matrix units (CUDA, "
-        "AMX), the last 30 in float32 and all once the batch's median is below 0.02"
+        "1), stored as uint8, in bfloat16 on CUDA, the last 30 in float32 and all once the "
+        "batch's median is below 0.02, float32 elsewhere"
     )
     assert "whitened by the first convolution) from" in IRIRecipe(
         precondition="first_layer", polyak=None

@@ -1,6 +1,6 @@
-"""Mixed precision of IRI steps: amp="fast" resolves per device (bfloat16 where the
-hardware has bf16 matrix units), the last ``float32_steps`` steps of a batch run in
-float32, and a stored set's key names the arithmetic that ran."""
+"""Mixed precision of IRI steps: amp="auto" (the default) resolves per device (bfloat16 on
+CUDA, float32 on every CPU), the last ``float32_steps`` steps of a batch run in float32,
+and a stored set's key names the arithmetic that ran."""
 
 import pytest
 import torch
@@ -68,40 +68,33 @@ def test_a_batch_close_to_its_targets_goes_on_in_float32():
     assert 1 <= loose < tight < 40  # 5 and 20 here
 
 
-@pytest.mark.parametrize("fast", [True, False])
-def test_fast_resolves_against_the_device(monkeypatch, fast):
-    monkeypatch.setattr(iris.recipe, "bf16_is_fast", lambda device: fast)
-    rec = IRIRecipe().for_front(iris._recipe_front(_model(), "1", (), None, IRIRecipe()),
-                                torch.rand(2, 3, 8, 8))  # fmt: skip
-    assert rec.amp == ("bf16" if fast else "off")
-    assert uses_bf16(rec, CPU) is fast
-    assert rec.key_dict()["amp"] == ("bf16" if fast else "off")  # the key names what ran
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_auto_resolves_against_the_device(device):
+    """bfloat16 on CUDA, float32 on every CPU (with AMX or without: the same numbers on
+    any CPU); the key names what ran."""
+    front = iris._recipe_front(_model(), "1", (), None, IRIRecipe())
+    rec = IRIRecipe().for_front(front, torch.rand(2, 3, 8, 8), torch.device(device))
+    assert rec.amp == ("bf16" if device == "cuda" else "off")
+    assert uses_bf16(rec, torch.device(device)) is (device == "cuda")
+    assert rec.key_dict()["amp"] == rec.amp
+    assert not uses_bf16(IRIRecipe(), CPU) and uses_bf16(IRIRecipe(), torch.device("cuda"))
 
 
-def test_cuda_is_fast_and_a_cpu_without_amx_is_not(monkeypatch):
-    assert iris.bf16_is_fast(torch.device("cuda"))
-    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
-    assert not iris.bf16_is_fast(CPU)
-    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: True)
-    assert iris.bf16_is_fast(CPU)
-    # "auto" (every recipe before "fast") is bfloat16 on CUDA only, whatever the CPU
-    assert not uses_bf16(IRIRecipe(amp="auto"), CPU)
-    assert uses_bf16(IRIRecipe(amp="auto"), torch.device("cuda"))
+def test_fast_is_refused_with_what_replaced_it():
+    with pytest.raises(ValueError, match="amp='fast'.*has been removed"):
+        IRIRecipe.from_kwargs(amp="fast")
 
 
 @pytest.mark.filterwarnings("ignore:IRIs")  # 3 steps: flagged, which is not the point here
-def test_a_stored_set_is_keyed_by_the_arithmetic_that_ran(tmp_path, monkeypatch):
+def test_a_stored_set_is_keyed_by_the_arithmetic_that_ran(tmp_path):
     model, x = _model(), (torch.rand(4, 3, 8, 8), torch.zeros(4, dtype=torch.long))
     kw = dict(steps=3, batch_size=4, chunk_size=4)
-    monkeypatch.setattr(iris.recipe, "bf16_is_fast", lambda device: False)
-    fast_here = generate_iris_set(model, "1", x, tmp_path, **kw)
+    default = generate_iris_set(model, "1", x, tmp_path, **kw)
     off = generate_iris_set(model, "1", x, tmp_path, amp="off", **kw)
-    assert fast_here.root == off.root  # the same set: float32 ran
+    assert default.root == off.root  # the same set: float32 ran on this CPU
     assert off.meta["recipe"]["amp"] == "off"
-    monkeypatch.setattr(iris.recipe, "bf16_is_fast", lambda device: True)
-    fast_amx = generate_iris_set(model, "1", x, tmp_path, **kw)
     bf16 = generate_iris_set(model, "1", x, tmp_path, amp="bf16", **kw)
-    assert fast_amx.root == bf16.root != off.root
+    assert bf16.root != off.root
     assert bf16.meta["recipe"]["float32_steps"] == 30
 
 
@@ -112,13 +105,13 @@ def test_presets_keep_their_arithmetic():
     assert (audio.amp, audio.float32_steps, audio.float32_below) == ("auto", 0, None)
     assert uses_bf16(audio, torch.device("cuda")) and not uses_bf16(audio, CPU)
     d = IRIRecipe()
-    assert (d.amp, d.float32_steps, d.float32_below) == ("fast", 30, 0.02)
+    assert (d.amp, d.float32_steps, d.float32_below) == ("auto", 30, 0.02)
 
 
 def test_describe_names_the_arithmetic():
     assert IRIRecipe().describe().endswith(
-        "in bfloat16 where the hardware has bf16 matrix units (CUDA, AMX), the last 30 "
-        "in float32 and all once the batch's median is below 0.02"
+        "in bfloat16 on CUDA, the last 30 in float32 and all once the batch's median is "
+        "below 0.02, float32 elsewhere"
     )
     assert IRIRecipe(amp="off").describe().endswith("stored as uint8, in float32")
     assert IRIRecipe(amp="bf16", float32_steps=0, float32_below=None).describe().endswith(
@@ -127,7 +120,8 @@ def test_describe_names_the_arithmetic():
     assert IRIRecipe(amp="bf16", float32_steps=0).describe().endswith(
         ", in bfloat16, all once the batch's median is below 0.02"
     )
-    assert IRIRecipe(amp="auto").describe().endswith("stored as uint8")
+    assert IRIRecipe(amp="auto", float32_steps=0, float32_below=None).describe().endswith(
+        "stored as uint8, in bfloat16 on CUDA, float32 elsewhere")
 
 
 def test_bad_float32_steps_is_refused():

@@ -143,7 +143,8 @@ def describe_iri_recipe(recipe: dict) -> str:
     tail = f", the last {last} in float32" if last else ""
     if below is not None:
         tail += f"{' and' if last else ','} all once the batch's median is below {below:g}"
-    arithmetic = {  # amp: "auto" (CUDA only) is what every recipe did before "fast"
+    arithmetic = {  # "fast": a recipe recorded by an earlier stitchlab (run.json)
+        "auto": f"bfloat16 on CUDA{tail}, float32 elsewhere",
         "fast": f"bfloat16 where the hardware has bf16 matrix units (CUDA, AMX){tail}",
         "bf16": f"bfloat16{tail}",
         "off": "float32",

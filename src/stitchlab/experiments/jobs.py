@@ -363,9 +363,9 @@ def iris_job(job: IRIJob) -> dict[str, Any]:
 
 
 def _set_amp(iri_set) -> str | None:
-    """The arithmetic an IRI set's steps ran in (``amp="fast"`` resolved where it was made:
-    ``"bf16"`` or ``"off"``; a recipe's own ``"auto"``/``"bf16"``/``"off"``); None for a
-    set stored without it."""
+    """The arithmetic an IRI set's steps ran in (``amp="auto"`` resolved where it was made:
+    ``"bf16"`` on CUDA, ``"off"`` elsewhere; sets made by an earlier stitchlab may record
+    ``"auto"`` or ``"fast"``); None for a set stored without it."""
     return iri_set.meta.get("recipe", {}).get("amp")
 
 

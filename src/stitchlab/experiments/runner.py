@@ -219,9 +219,9 @@ def run_experiment(
         summary["iris"]["recipe"] = iri_recipe(raw).as_dict()
         summary["iris"]["seed"] = raw["iris"].get("seed", 0)  # the random start
         summary["iris"]["per_stitch_seed"] = bool(raw["iris"].get("per_stitch_seed", False))
-        # the arithmetic of the IRIs behind this run's scores (amp="fast" resolved where each
-        # set was made: a CPU with or without AMX), from the rows, since a reused row may
-        # come from another machine's set; "unrecorded" for rows stored before the column
+        # the arithmetic of the IRIs behind this run's scores (amp resolved where each set
+        # was made: bfloat16 on CUDA, float32 on a CPU), from the rows, since a reused row
+        # may come from another machine's set; "unrecorded" for rows stored before the column
         amps = [r.get("iri_amp") for r in rows if r["protocol"] == "iris"]
         amps += [r["iri_amp"] for r in cka_rows if r["data"] == "test_iris"]
         summary["iris"]["amp_ran"] = sorted({a or "unrecorded" for a in amps})

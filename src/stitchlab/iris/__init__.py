@@ -58,7 +58,7 @@ from .quality import (
     dequantise,
     quantise,
 )
-from .recipe import MISMATCH_EVERY, IRIRecipe, bf16_is_fast, uses_bf16
+from .recipe import MISMATCH_EVERY, IRIRecipe, uses_bf16
 from .smooth import _smooth_relus_of, _SmoothModule, _SmoothReLUFn, _SmoothReLUs
 from .store import (
     FORMAT_VERSION,
@@ -91,7 +91,7 @@ _INTERNAL = (  # used by other modules, tests and benchmarks through this packag
     _batch_generator, _bf16_steps, _check_images, _error_and_grad, _per_sample_error,
     _precision, _run_batch, _start, AFFINE_RULE, _frozen_front, _is_relu, _recipe_front,
     _relu_is_inplace, _replace_relus, _STReLUModule, affine_front, straight_through_relu,
-    PRECISIONS, MISMATCH_EVERY, bf16_is_fast, uses_bf16, _SmoothModule, _SmoothReLUFn,
+    PRECISIONS, MISMATCH_EVERY, uses_bf16, _SmoothModule, _SmoothReLUFn,
     _SmoothReLUs, _smooth_relus_of, FORMAT_VERSION, clear_cache, data_fingerprint,
     model_fingerprint,
 )  # fmt: skip

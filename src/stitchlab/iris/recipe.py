@@ -31,6 +31,9 @@ REMOVED_VALUES = {
     ("optimizer", "lbfgs"): "per-sample L-BFGS", ("optimizer", "l2"): "L2 steps",
     ("relu_grad", "surrogate"): "the surrogate ReLU gradient",
     ("relu_grad", "straight_through"): "the straight-through final ReLU alone",
+    ("amp", "fast"): "bfloat16 on CPUs with AMX, slower than float32 at attention and "
+                     "depthwise fronts (docs/iri_zoo.md, run 6); amp='auto' is bfloat16 "
+                     "on CUDA and float32 on every CPU",
 }  # fmt: skip
 REMOVED_OPTIONS = {
     "relu_slope": "the surrogate ReLU gradient",
@@ -51,10 +54,10 @@ class IRIRecipe:
     dropped) whose size decays geometrically from ``step_size`` 0.1 to
     ``final_step_size`` 0.01 (box units), from uniform noise over the box (``start``).
 
-    * ``amp``: the steps' arithmetic. ``"fast"`` is bfloat16 autocast where
-      :func:`bf16_is_fast` (CUDA, a CPU with AMX tiles) and float32 elsewhere, resolved
-      when IRIs are made (a stored set's key names ``"bf16"`` or ``"off"``); ``"auto"``
-      bfloat16 on CUDA only; ``"bf16"`` always; ``"off"`` never. The last
+    * ``amp``: the steps' arithmetic. ``"auto"`` is bfloat16 autocast on CUDA and float32
+      on every other device (so IRIs on any CPU are the same numbers), resolved when IRIs
+      are made (a stored set's key names ``"bf16"`` or ``"off"``); ``"bf16"`` always;
+      ``"off"`` never. The last
       ``float32_steps`` steps of a batch run in float32 whatever ``amp`` says, and all the
       rest once the batch's median error is below ``float32_below`` (a bfloat16 forward
       cannot measure errors much below 0.01). Targets, measured errors and stored IRIs are
@@ -98,7 +101,7 @@ class IRIRecipe:
     keep_converged: bool = True  # a sample that meets the tolerance keeps that iterate
     box: tuple[float, float] = (0.0, 1.0)
     batch_size: int = 128
-    amp: Literal["fast", "auto", "off", "bf16"] = "fast"
+    amp: Literal["auto", "off", "bf16"] = "auto"
     relu_grad: Literal["exact", "smooth"] = "smooth"
     relu_width: float = 0.3  # under relu_grad="smooth": sigmoid width / source's sd
     relu_floor: float = 0.05  # under relu_grad="smooth": the least backward slope
@@ -113,27 +116,24 @@ class IRIRecipe:
     polyak: float | None = 0.3  # on affine fronts: each step at most this x its Polyak step
 
     def __post_init__(self) -> None:
-        if self.optimizer != "adam" or self.stft_window:  # coordinates and bf16 are Adam's
-            if self.precondition == "auto":
-                object.__setattr__(self, "precondition", "none")
-            if self.amp == "fast":
-                object.__setattr__(self, "amp", "auto")
+        if (self.optimizer != "adam" or self.stft_window) and self.precondition == "auto":
+            object.__setattr__(self, "precondition", "none")  # the coordinates are Adam's
 
     def for_front(
         self, front: nn.Module, example: Tensor, device: torch.device | None = None
     ) -> IRIRecipe:
         """This recipe resolved for ``front``, inputs like ``example`` (a batch) and
-        ``device`` (default: the example's): ``amp="fast"`` becomes ``"bf16"`` where
-        :func:`bf16_is_fast`, ``"off"`` elsewhere; ``precondition="auto"`` becomes
+        ``device`` (default: the example's): ``amp="auto"`` becomes ``"bf16"`` on CUDA,
+        ``"off"`` elsewhere; ``precondition="auto"`` becomes
         ``"first_layer"`` where the front's first layer can be whitened, ``"none"``
         elsewhere; ``polyak`` becomes None where :meth:`caps_steps` says no;
         ``exact_relu_mismatch`` becomes None on a front without inner smooth
         nonlinearities. So a stored set's key says what ran. A ValueError for
         ``"first_layer"`` asked of a front it does not apply to."""
         rec = self
-        if rec.amp == "fast":
-            fast = bf16_is_fast(device if device is not None else example.device)
-            rec = dataclasses.replace(rec, amp="bf16" if fast else "off")
+        if rec.amp == "auto":
+            cuda = (device if device is not None else example.device).type == "cuda"
+            rec = dataclasses.replace(rec, amp="bf16" if cuda else "off")
         if not rec.caps_steps(front):
             rec = dataclasses.replace(rec, polyak=None)
         if rec.exact_relu_mismatch is not None and (
@@ -295,21 +295,7 @@ class IRIRecipe:
         return d
 
 
-def bf16_is_fast(device: torch.device) -> bool:
-    """Whether ``device`` runs bfloat16 matrix products natively: CUDA, or a CPU with
-    AMX tiles (Intel Sapphire Rapids and later), where oneDNN's bf16 convolutions take
-    about half the time of float32 ones (docs/validation/iri_convergence.md)."""
-    if device.type == "cuda":
-        return True
-    if device.type != "cpu":
-        return False
-    probe = getattr(torch.cpu, "_is_amx_tile_supported", None)
-    return bool(probe()) if probe is not None else False
-
-
 def uses_bf16(recipe: IRIRecipe, device: torch.device) -> bool:
     """Whether ``recipe``'s steps (but its last ``float32_steps``) run under bfloat16
     autocast on ``device``."""
-    if recipe.amp == "fast":
-        return bf16_is_fast(device)
     return recipe.amp == "bf16" or (recipe.amp == "auto" and device.type == "cuda")

@@ -375,9 +375,10 @@ def _iri_recipe(path: Path, notes: list[str]) -> str | None:
     recipe = iris["recipe"]
     ran = iris.get("amp_ran") or []  # absent: a run from before stitchlab recorded it
     ran_text = ""
-    if recipe.get("amp") == "fast" and ran in (["bf16"], ["off"]):
+    resolved = recipe.get("amp") in ("auto", "fast")  # a rule, resolved where IRIs were made
+    if resolved and ran in (["bf16"], ["off"]):
         recipe = {**recipe, "amp": ran[0]}  # what ran on the run's hardware, not the rule
-    elif recipe.get("amp") == "fast" and ran:  # several machines, or rows from before
+    elif resolved and ran:  # several machines, or rows from before
         names = {"bf16": "bfloat16", "off": "float32", "unrecorded": "an unrecorded arithmetic"}
         ran_text = "; this run's IRI steps ran in " + " and ".join(names.get(a, a) for a in ran)
     try:
