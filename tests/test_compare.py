@@ -233,12 +233,12 @@ def test_compare_iri_seeds_give_each_stitch_seed_its_own_iris(tmp_path, folder):
         per_run = pd.read_csv(tmp_path / out / "runs.csv")
         text = "\n".join(lines).splitlines()
         estimates[out] = next(x for x in text if x.strip().startswith("IRI sets"))
-        assert any(x.startswith("estimate: about") for x in text)
+        assert any(x.startswith("estimate: ") and "about" in x for x in text)
         return df, per_run[per_run.protocol == "iris"]
 
     estimates = {}
     _, shared = runs(False, "shared")
-    assert "   2 jobs, 0 stored, about" in estimates["shared"]
+    assert "   2 jobs, 0 stored, at most about" in estimates["shared"]
     stored = set((store / "compare").glob("*.json"))
     assert len(stored) == 2 * 5  # 2 protocols x (2 seeds + 1 null + 2 ceiling seeds)
     assert len(list((store / "iris").iterdir())) == 2  # the front's and the null's
@@ -268,7 +268,7 @@ def test_compare_iri_seeds_give_each_stitch_seed_its_own_iris(tmp_path, folder):
     with pytest.raises(TypeError):
         CompareSettings.quick(front=str(path), back=str(path), data=str(folder), iri_seeds=1)
     # the estimate leaves out the IRI sets already stored (keyed as the run keys them)
-    assert "   1 job, 0 stored, about" in estimates["own"]
+    assert "   1 job, 0 stored, at most about" in estimates["own"]
     for entry in (store / "compare").glob("*.json"):
         if json.loads(entry.read_text())["run"]["protocol"] == "iris":
             entry.unlink()

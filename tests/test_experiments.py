@@ -432,8 +432,8 @@ def test_cli_run_check_and_errors(tmp_path, capsys):
                  "--plan"]) == 0  # fmt: skip
     out = capsys.readouterr().out
     assert "  base models     3 jobs, 0 stored, about" in out
-    assert "  IRI sets        9 jobs, 0 stored, about" in out
-    assert "  stitch runs    72 jobs, 0 stored, about" in out and "estimate: about" in out
+    assert "  IRI sets        9 jobs, 0 stored, at most about" in out
+    assert "  stitch runs    72 jobs, 0 stored, about" in out and "estimate: at most about" in out
     assert not (tmp_path / "p" / "results.csv").exists()
     assert not (tmp_path / "p" / "store" / "models").exists()
 

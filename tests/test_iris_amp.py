@@ -70,8 +70,8 @@ def test_a_batch_close_to_its_targets_goes_on_in_float32():
 
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
 def test_auto_resolves_against_the_device(device):
-    """bfloat16 on CUDA, float32 on every CPU (with AMX or without: the same numbers on
-    any CPU); the key names what ran."""
+    """bfloat16 on CUDA, float32 on every CPU (with AMX or without); the key names what
+    ran."""
     front = iris._recipe_front(_model(), "1", (), None, IRIRecipe())
     rec = IRIRecipe().for_front(front, torch.rand(2, 3, 8, 8), torch.device(device))
     assert rec.amp == ("bf16" if device == "cuda" else "off")

@@ -33,6 +33,10 @@ def test_plan_counts_and_estimate_by_hand():
     # a stage with work left and no estimate: the plan says so rather than undercount
     assert Plan("p", (Stage("a", 2, 0, None), Stage("b", 1, 0, 5.0))).estimate() == "not available"
     assert Plan("p", (Stage("a", 2, 2),)).estimate() == "nothing to compute: every job is stored"
+    # an upper bound (IRI sets: samples stop early) makes the whole estimate one
+    bound = Plan("p", (Stage("sets", 2, 0, 60.0, at_most=True), Stage("runs", 1, 0, 30.0)))
+    assert bound.text().splitlines()[1] == "  sets     2 jobs, 0 stored, at most about 60 s"
+    assert bound.estimate().startswith("at most about 90 s (")
     with pytest.raises(ValueError, match="3 stored of 2 jobs"):
         Stage("a", 2, 3)
 
@@ -43,15 +47,19 @@ def test_durations_and_job_costs_by_hand():
     assert training_seconds(0.01, 1000, 6) == pytest.approx(60.0)
     assert training_seconds(0.01, 1000, 6, passes=6.0) == pytest.approx(360.0)
     assert iri_seconds(0.002, 300, 270, depth=0.5) == pytest.approx(81.0)
-    # 8 epochs x 300 images x (back 0.003 + front 0.006 / 3) + 400 x (0.006 + 0.003) / 3
-    assert stitch_seconds(0.006, 0.003, 300, 8, 400) == pytest.approx(12.0 + 1.2)
+    # 8 epochs x 300 images x back 0.003, the front's cached forward once per image
+    # (300 x 0.006 / 3), the test images' forwards (400 x (0.006 + 0.003) / 3)
+    assert stitch_seconds(0.006, 0.003, 300, 8, 400) == pytest.approx(7.2 + 0.6 + 1.2)
 
 
-def test_seconds_per_image_leaves_no_gradients():
+def test_seconds_per_image_leaves_the_model_as_it_was():
     model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 6 * 6, 2))
-    t = seconds_per_image(model, torch.rand(8, 3, 8, 8))
-    assert 0 < t < 1
-    assert all(p.grad is None for p in model.parameters())
+    model[0].weight.requires_grad_(False)
+    for parameters in (True, False):
+        t = seconds_per_image(model, torch.rand(8, 3, 8, 8), parameters=parameters)
+        assert 0 < t < 1
+        assert all(p.grad is None for p in model.parameters())
+        assert [p.requires_grad for p in model.parameters()] == [False, True, True, True]
 
 
 def test_write_table_csv_and_parquet(tmp_path):

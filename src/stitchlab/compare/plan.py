@@ -151,8 +151,8 @@ def comparison_plan(s, data, front, back, cells, objectives, runs, todo, needs, 
     iris, fits = _estimate(s, front, back, data.item_shape, iri_steps, todo, needed - stored_sets)
     stages = (
         Stage("IRI sets", len(needed), len(needed & stored_sets), iris,
-              f"{iri_steps} steps of {n_stitch} images each; an upper bound, as samples stop "
-              "at the recipe's tolerance"),
+              f"{iri_steps} steps of {n_stitch} images each; samples stop at the recipe's "
+              "tolerance", at_most=True),
         Stage("stitch runs", len(runs), len(runs) - len(todo), fits),
     )  # fmt: skip
     notes = []
@@ -214,13 +214,13 @@ def _estimate(s, front, back, shape, iri_steps, todo,
     """Seconds of the IRI sets ``to_make`` (every step: an upper bound) and of the stitch
     runs ``todo``, from one timed batch of each model; ``(None, None)`` when a model cannot
     be timed (the run itself reports why)."""
-    from ..runs.plan import iri_seconds, seconds_per_image, stitch_seconds
+    from ..runs.plan import TIMING_BATCH, iri_seconds, seconds_per_image, stitch_seconds
 
     if not todo:
         return 0.0, 0.0
-    x = torch.rand(min(32, s.n_stitch), *shape, device=s.device)
+    x = torch.rand(min(TIMING_BATCH, s.n_stitch), *shape, device=s.device)
     try:
-        tf, tb = seconds_per_image(front.model, x), seconds_per_image(back.model, x)
+        tf, tb = (seconds_per_image(m, x, parameters=False) for m in (front.model, back.model))
     except Exception:  # noqa: BLE001 - only an estimate: the real run reports the error
         return None, None
     depth = dict(zip(front.points, _depths(front.points)))

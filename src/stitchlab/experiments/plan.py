@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from ..runs.plan import (
+    TIMING_BATCH,
     Plan,
     Stage,
     iri_seconds,
@@ -70,7 +71,8 @@ def plan_experiment(exp: Experiment, raw: dict[str, Any], store: Path) -> Plan:
     markers = {spec["marker"] for spec in exp.pairs.values()}
     sets = {m: stitch_data(raw, m) for m in markers}
     n_stitch = len(next(iter(sets.values())))
-    x = torch.stack([sets[next(iter(markers))][i][0] for i in range(min(16, n_stitch))]).to(device)
+    some = sets[next(iter(markers))]
+    x = torch.stack([some[i][0] for i in range(min(TIMING_BATCH, n_stitch))]).to(device)
 
     nets: dict[str, torch.nn.Module] = {}
 
@@ -82,22 +84,23 @@ def plan_experiment(exp: Experiment, raw: dict[str, Any], store: Path) -> Plan:
                     "num_classes"], **spec["options"]).to(device).eval()  # fmt: skip
         return nets[name]
 
-    timed: dict[tuple[str, str | None], float] = {}
+    timed: dict[tuple[str, str | None, bool], float] = {}
 
-    def per_image(name: str, point: str | None = None) -> float:
-        """Seconds per image through model ``name`` (its prefix up to ``point``)."""
-        if (name, point) not in timed:
+    def per_image(name: str, point: str | None = None, train: bool = False) -> float:
+        """Seconds per image through model ``name`` (its prefix up to ``point``), with
+        parameter gradients where it is ``train``ed, frozen otherwise."""
+        if (name, point, train) not in timed:
             model = net(name)
             if point is not None:
                 model = split(model, point, **tracing(raw, name))[0]
-            timed[name, point] = seconds_per_image(model, x)
-        return timed[name, point]
+            timed[name, point, train] = seconds_per_image(model, x, parameters=train)
+        return timed[name, point, train]
 
     # 1. base models
     needed = sorted({m for p in exp.pairs.values() for m in [*p["front"], p["back"]]})
     todo = [m for m in needed if not _model_stored(raw, store, m)]
     train_s = sum(
-        training_seconds(per_image(m), len(base_data(model_data(raw, m))[0]),
+        training_seconds(per_image(m, train=True), len(base_data(model_data(raw, m))[0]),
                          *_training(exp.models[m]))  # fmt: skip
         for m in todo if exp.models[m]["method"] != "random"
     )
@@ -132,7 +135,8 @@ def plan_experiment(exp: Experiment, raw: dict[str, Any], store: Path) -> Plan:
     iri_s = sum(iri_seconds(per_image(f, p), n_stitch, recipe.steps)
                 for f, p, _, _ in iri_sets - stored)  # fmt: skip
     stages.append(Stage("IRI sets", len(iri_sets), len(stored), iri_s,
-                        f"{recipe.steps} steps of {n_stitch} images each at most"))
+                        f"{recipe.steps} steps of {n_stitch} images each; samples stop at "
+                        "the recipe's tolerance", at_most=True))
 
     # 3. stitch runs
     runs = []
@@ -155,7 +159,7 @@ def plan_experiment(exp: Experiment, raw: dict[str, Any], store: Path) -> Plan:
         start = int(raw["iris"].get("seed", 0))
         done = {k for k in cka if set_stored(*k, start, "test")}
         cka_s = sum(iri_seconds(per_image(f, p), n_test, recipe.steps) for f, p, _ in cka - done)
-        stages.append(Stage("CKA (test IRIs)", len(cka), len(done), cka_s))
+        stages.append(Stage("CKA (test IRIs)", len(cka), len(done), cka_s, at_most=True))
     lines = (f"experiment {exp.name}: {len(exp.pairs)} pairs, {len(needed)} models, "
              f"{sum(len(p) for p in exp.points.values())} pair-points on {device}",)  # fmt: skip
     return Plan(f"plan of {exp.name}", tuple(stages), lines)

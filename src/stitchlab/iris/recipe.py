@@ -55,7 +55,7 @@ class IRIRecipe:
     ``final_step_size`` 0.01 (box units), from uniform noise over the box (``start``).
 
     * ``amp``: the steps' arithmetic. ``"auto"`` is bfloat16 autocast on CUDA and float32
-      on every other device (so IRIs on any CPU are the same numbers), resolved when IRIs
+      on every other device (every CPU runs the same arithmetic), resolved when IRIs
       are made (a stored set's key names ``"bf16"`` or ``"off"``); ``"bf16"`` always;
       ``"off"`` never. The last
       ``float32_steps`` steps of a batch run in float32 whatever ``amp`` says, and all the
