@@ -78,7 +78,10 @@ def test_a_model_with_itself_scores_its_ceiling_and_a_random_front_its_null(
 
 # `stitchlab compare` on this case (checkpoints of the same two models, the same tensors in a
 # .npz) before the run layer's refactor: agreement, its lower bound, null, ceiling,
-# normalised and its lower bound, for the standard and the IRI protocol.
+# normalised and its lower bound, for the standard and the IRI protocol. Measured on a CPU
+# without AVX-512; float32 kernels of other CPUs round otherwise, and stitch training
+# carries that into the scores (a CPU with AMX: ceiling 99.891 for 99.872, normalised
+# 0.7130 for 0.7133), so the check is to a relative 1e-3.
 BEFORE = {
     "standard": (84.01777483522892, 77.46793326921761, 44.57762539386749, 99.87184889614582,
                  0.7132779329062527, 0.5919768727283075),
@@ -97,7 +100,7 @@ def test_modules_on_tensors_give_the_numbers_of_compare_on_files(pair, xy, tmp_p
     df = sl.compare(front, back, xy, null_seeds=1, iri_steps=4, out=tmp_path / "o", **TINY)
     for protocol, expected in BEFORE.items():
         got = df[df.protocol == protocol][COLUMNS].iloc[0].tolist()
-        assert got == pytest.approx(expected, abs=1e-4), protocol
+        assert got == pytest.approx(expected, rel=1e-3), protocol
     assert df.loc[df.protocol == "standard", "hard_agreement"].item() == 100
     assert len(pd.read_csv(tmp_path / "o" / "results.csv")) == len(df)
     pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / "o" / "results.parquet"), df)

@@ -342,15 +342,7 @@ def oracle_plan(settings: OracleSettings, store: Path, pair_key: str) -> Plan:
     """The plan of the testbed over ``store``: its networks, the IRI sets and the graded
     pairs, what is stored and a time estimate from one timed batch of the small CNN."""
     from . import models
-    from .runs.plan import (
-        TIMING_BATCH,
-        Plan,
-        Stage,
-        iri_seconds,
-        seconds_per_image,
-        stitch_seconds,
-        training_seconds,
-    )
+    from .runs import plan as cost
     from .splitting import split
     from .train import MODEL_FILE
 
@@ -371,27 +363,28 @@ def oracle_plan(settings: OracleSettings, store: Path, pair_key: str) -> Plan:
         stored = {(a, p) for a, p in sets
                   if iris_set_stored(family[a], p, stitching, store / "iris", steps=s.iri_steps,
                                      threshold=10.0, min_null_ratio=0.0)}  # fmt: skip
-    x = oracle_data(TIMING_BATCH, seed=0, mode="aligned")[0]
+    x = oracle_data(cost.TIMING_BATCH, seed=0, mode="aligned")[0]
     with torch.random.fork_rng():
         net = models.create("small_cnn", width=s.width).eval()
-    train = seconds_per_image(net, x)  # with parameter gradients: training
-    full = seconds_per_image(net, x, parameters=False)  # frozen: stitch training's back
-    prefix = {p: seconds_per_image(split(net, p)[0], x, parameters=False) for p in s.points}
+    train = cost.seconds_per_image(net, x)  # with parameter gradients: training
+    full = cost.seconds_per_image(net, x, parameters=False)  # frozen: stitch training's back
+    prefix = {p: cost.seconds_per_image(split(net, p)[0], x, parameters=False)
+              for p in s.points}
     runs = len(s.objectives) * (len(s.protocols))
     stages = (
-        Stage("networks", len(nets), len(trained),
-              training_seconds(train, s.n_train, s.train_epochs) * (len(nets) - len(trained))),
-        Stage("IRI sets", len(sets), len(stored),
-              sum(iri_seconds(prefix[p], s.n_stitch, s.iri_steps) for _, p in sets - stored),
+        cost.Stage("networks", len(nets), len(trained),
+              cost.training_seconds(train, s.n_train, s.train_epochs) * (len(nets) - len(trained))),
+        cost.Stage("IRI sets", len(sets), len(stored),
+              sum(cost.iri_seconds(prefix[p], s.n_stitch, s.iri_steps) for _, p in sets - stored),
               f"{s.iri_steps} steps of {s.n_stitch} images each", at_most=True),
-        Stage("graded pairs", len(pairs), len(pairs) - len(left),
-              sum(runs * stitch_seconds(prefix[p], full, s.n_stitch, s.stitch_epochs, s.n_test)
+        cost.Stage("graded pairs", len(pairs), len(pairs) - len(left),
+              sum(runs * cost.stitch_seconds(prefix[p], full, s.n_stitch, s.stitch_epochs, s.n_test)
                   for _, _, p in left),
               f"{runs} stitch runs, CKA and IRI transfer each"),
     )  # fmt: skip
     lines = (f"{len(nets)} networks ({len(s.families)} families x {len(s.seeds)} seeds), "
              f"{len(pairs)} pairs x points {', '.join(s.points)}",)  # fmt: skip
-    return Plan("plan of the oracle testbed", stages, lines)
+    return cost.Plan("plan of the oracle testbed", stages, lines)
 
 
 def _pair_path(store: Path, front: str, back: str, point: str, pair_key: str) -> Path:
