@@ -155,7 +155,8 @@ def test_compare_on_ray_gives_the_local_table_and_resumes(tmp_path, capsys):
     mtimes = [p.stat().st_mtime_ns for p in stored]
     capsys.readouterr()
     assert main([*args, "--out", str(tmp_path / "ray"), "--ray"]) == 0
-    assert "10 already stored" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "  stitch runs    10 jobs, 10 stored" in out and "nothing to compute" in out
     assert [p.stat().st_mtime_ns for p in stored] == mtimes
     assert main([*args, "--out", str(tmp_path / "x"), "--gpus-per-job", "1"]) == 2
     assert "--gpus-per-job is what each Ray job asks for: add --ray" in capsys.readouterr().err
