@@ -81,32 +81,35 @@ class _SmoothSaturatingFn(torch.autograd.Function):
     derivative of its softplus-smoothed version: for a clamp ``s(x) = sigmoid((x - lo) /
     w) - sigmoid((x - hi) / w)`` (the kinks rounded over ``w``), at least ``floor``;
     Hardsigmoid ``s(x) / 6`` over ``[-3, 3]``; Hardswish ``x * h(x)`` with ``h`` the
-    smoothed Hardsigmoid, plus ``floor`` below -3. ``w`` as for the ReLUs."""
+    smoothed Hardsigmoid, plus ``floor`` below -3. ``w`` as for the ReLUs.
+
+    The derivative depends on the input only, so the forward computes it (in place on two
+    buffers, in the activation's dtype and memory layout) and keeps it instead of the
+    input; the backward is one product. On depthwise fronts these elementwise passes, not
+    the convolutions, are the smooth step's cost."""
 
     @staticmethod
     def forward(ctx, x, inv_width, kind, lo, hi, floor, exact):  # noqa: D102
-        kept = x.detach().clone()  # an in-place module overwrites what it is given
-        ctx.save_for_backward(kept, inv_width)
-        ctx.kind, ctx.lo, ctx.hi, ctx.floor = kind, lo, hi, floor
-        return exact(kept.clone())
+        xd = x.detach()
+        inv = inv_width.to(xd.dtype)
+        a = torch.mul(xd, inv).sub_(lo * inv)  # (x - lo) / w
+        b = a - (hi - lo) * inv  # (x - hi) / w
+        if kind == "hardswish":  # x * h(x), h the smoothed (x + 3) / 6 clamped to [0, 1]
+            h = F.softplus(a).sub_(F.softplus(b)).div_(inv)  # w (softplus(a) - softplus(b))
+            d = a.sigmoid_().sub_(b.sigmoid_()).mul_(xd).add_(h).div_(hi - lo)
+            d.add_((xd <= lo).to(d.dtype), alpha=floor)
+        else:
+            d = a.sigmoid_().sub_(b.sigmoid_()).clamp_min_(floor)  # the smoothed clamp's slope
+            if kind == "hardsigmoid":
+                d.div_(hi - lo)
+        ctx.save_for_backward(d)
+        # an in-place module would overwrite its input: it gets a copy
+        return exact(xd.clone() if getattr(exact, "inplace", False) else xd)
 
     @staticmethod
     def backward(ctx, grad):  # noqa: D102
-        x, inv = ctx.saved_tensors
-        x = x.to(grad.dtype)
-        inv = inv.to(grad.dtype)
-        a, b = torch.sigmoid((x - ctx.lo) * inv), torch.sigmoid((x - ctx.hi) * inv)
-        inside = a - b  # the smoothed clamp's derivative
-        if ctx.kind == "clamp":
-            d = inside.clamp_min_(ctx.floor)
-        elif ctx.kind == "hardsigmoid":
-            d = inside.clamp_min_(ctx.floor) / (ctx.hi - ctx.lo)
-        else:  # hardswish: x * h(x), h the smoothed (x + 3) / 6 clamped to [0, 1]
-            width = inv.reciprocal()
-            h = width * (F.softplus((x - ctx.lo) * inv) - F.softplus((x - ctx.hi) * inv))
-            d = h / (ctx.hi - ctx.lo) + x * inside / (ctx.hi - ctx.lo)
-            d = d + ctx.floor * (x <= ctx.lo)
-        return grad * d, None, None, None, None, None, None
+        (d,) = ctx.saved_tensors
+        return grad * d.to(grad.dtype), None, None, None, None, None, None
 
 
 class _SoftMaxPoolFn(torch.autograd.Function):
