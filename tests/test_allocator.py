@@ -21,6 +21,10 @@ def test_a_freed_large_buffer_is_reused():
     assert keep_freed_memory() is True
     assert keep_freed_memory() is True  # once per process; the second call changes nothing
     pages = 256 * 2**20 // resource.getpagesize()
-    _faults_of_a_fresh_buffer(256)  # the heap grows to hold it once
-    again = _faults_of_a_fresh_buffer(256)
-    assert again < pages // 20  # glibc's default would map and fault all 65,536 pages again
+    # the heap grows to hold it: after one buffer on the machine this was written on,
+    # after two on another (malloc alone: one; measured there: 65,536 faults for each of
+    # torch's first two buffers, then none)
+    for _ in range(2):
+        _faults_of_a_fresh_buffer(256)
+    again = [_faults_of_a_fresh_buffer(256) for _ in range(2)]
+    assert max(again) < pages // 20  # glibc's default maps and faults all 65,536 each time
