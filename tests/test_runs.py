@@ -26,9 +26,9 @@ def test_plan_counts_and_estimate_by_hand():
     assert text[3] == "  runs      10 jobs, 10 stored"
     assert text[4] == "  sets       4 jobs, 0 stored, about 100 s (200 steps)"
     assert plan.as_dict() == {
-        "stages": [{"name": "models", "jobs": 3, "stored": 1, "seconds": 20.0},
-                   {"name": "runs", "jobs": 10, "stored": 10, "seconds": None},
-                   {"name": "sets", "jobs": 4, "stored": 0, "seconds": 100.0}],
+        "stages": [{"name": "models", "jobs": 3, "stored": 1, "seconds": 20.0, "at_most": False},
+                   {"name": "runs", "jobs": 10, "stored": 10, "seconds": None, "at_most": False},
+                   {"name": "sets", "jobs": 4, "stored": 0, "seconds": 100.0, "at_most": False}],
         "todo": 6, "estimated_seconds": 120.0}  # fmt: skip
     # a stage with work left and no estimate: the plan says so rather than undercount
     assert Plan("p", (Stage("a", 2, 0, None), Stage("b", 1, 0, 5.0))).estimate() == "not available"

@@ -3,10 +3,11 @@
 Experiments, comparisons and the oracle each build a :class:`Plan` before they compute
 anything: one :class:`Stage` per kind of job (base models, IRI sets, stitch runs, ...) with
 how many jobs it has, how many of them are stored, and the seconds the others will take.
-The seconds come from one timed forward and backward pass of each model on a small batch
-(:func:`seconds_per_image`) and the work of each job kind (:func:`training_seconds`,
-:func:`iri_seconds`, :func:`stitch_seconds`): an estimate, printed with what it rests on,
-that the three commands print the same way (``--plan`` prints it and stops).
+The seconds come from one timed forward and backward pass of each model on a batch of
+:data:`TIMING_BATCH` images (:func:`seconds_per_image`) and the work of each job kind
+(:func:`training_seconds`, :func:`iri_seconds`, :func:`stitch_seconds`): an estimate,
+printed with what it rests on, that the three commands print the same way (``--plan``
+prints it and stops).
 """
 
 from __future__ import annotations
@@ -109,7 +110,8 @@ class Plan:
         """The plan as JSON (for a run's summary): stages, jobs to compute, the estimate."""
         return {
             "stages": [{"name": s.name, "jobs": s.jobs, "stored": s.stored,
-                        "seconds": None if s.seconds is None else round(s.seconds, 1)}
+                        "seconds": None if s.seconds is None else round(s.seconds, 1),
+                        "at_most": s.at_most}
                        for s in self.stages],
             "todo": self.todo,
             "estimated_seconds": None if self.seconds is None else round(self.seconds, 1),
