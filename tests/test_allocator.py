@@ -21,10 +21,10 @@ def test_a_freed_large_buffer_is_reused():
     assert keep_freed_memory() is True
     assert keep_freed_memory() is True  # once per process; the second call changes nothing
     pages = 256 * 2**20 // resource.getpagesize()
-    # the heap grows to hold it: after one buffer on the machine this was written on,
-    # after two on another (malloc alone: one; measured there: 65,536 faults for each of
-    # torch's first two buffers, then none)
-    for _ in range(2):
-        _faults_of_a_fresh_buffer(256)
-    again = [_faults_of_a_fresh_buffer(256) for _ in range(2)]
-    assert max(again) < pages // 20  # glibc's default maps and faults all 65,536 each time
+    _faults_of_a_fresh_buffer(256)  # the heap grows to hold it
+    # the heap may still grow in a later round (measured: in one test run the third buffer
+    # faulted every page again, in a plain process none after the first); glibc's default
+    # maps and faults all 65,536 pages in every round
+    rounds = [_faults_of_a_fresh_buffer(256) for _ in range(8)]
+    reused = sum(r < pages // 20 for r in rounds)
+    assert reused >= 6, rounds
