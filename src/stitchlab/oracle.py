@@ -338,9 +338,12 @@ def _train_family(settings: OracleSettings, store: Path) -> dict[str, nn.Module]
     return nets
 
 
-def oracle_plan(settings: OracleSettings, store: Path, pair_key: str) -> Plan:
+def oracle_plan(settings: OracleSettings, store: Path,
+                pair_key: str) -> tuple[Plan, dict[str, nn.Module] | None]:  # fmt: skip
     """The plan of the testbed over ``store``: its networks, the IRI sets and the graded
-    pairs, what is stored and a time estimate from one timed batch of the small CNN."""
+    pairs, what is stored and a time estimate from one timed batch of the small CNN; and
+    the networks, where every one is stored and the plan read them to key the IRI sets
+    (None otherwise), so that the run does not read them again."""
     from . import models
     from .runs import plan as cost
     from .splitting import split
@@ -355,6 +358,7 @@ def oracle_plan(settings: OracleSettings, store: Path, pair_key: str) -> Plan:
             is None]  # fmt: skip
     sets = {(a, p) for a, _, p in left}
     stored: set[tuple[str, str]] = set()
+    family = None
     if sets and len(trained) == len(nets):  # the IRI sets' keys need the trained weights
         from .iris import iris_set_stored
 
@@ -384,7 +388,7 @@ def oracle_plan(settings: OracleSettings, store: Path, pair_key: str) -> Plan:
     )  # fmt: skip
     lines = (f"{len(nets)} networks ({len(s.families)} families x {len(s.seeds)} seeds), "
              f"{len(pairs)} pairs x points {', '.join(s.points)}",)  # fmt: skip
-    return cost.Plan("plan of the oracle testbed", stages, lines)
+    return cost.Plan("plan of the oracle testbed", stages, lines), family
 
 
 def _pair_path(store: Path, front: str, back: str, point: str, pair_key: str) -> Path:
@@ -477,12 +481,12 @@ def run_oracle(settings: OracleSettings, out: str | Path, *, progress: bool = Tr
     pair_key = stable_hash({**graded, "methods": GRADED_METHODS_VERSION}, 12)
     t_start = time.time()
     with threads(settings.threads):
-        plan = oracle_plan(settings, store, pair_key)
+        plan, family = oracle_plan(settings, store, pair_key)
         for line in plan.text().splitlines():
             (echo or log.info)(line)
         if plan_only:
             return plan
-        nets = _train_family(settings, store)
+        nets = family if family is not None else _train_family(settings, store)
         s = settings.seed * 1000
         isolated = {c: oracle_data(settings.n_test, seed=s + 1, mode="isolated", cues=(c,))[:2]
                     for c in TESTBED_CUES}  # fmt: skip
