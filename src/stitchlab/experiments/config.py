@@ -465,18 +465,22 @@ _KIND_CLASSES = {"cifar10": 10, "mnist": 10, "coloured_mnist": 10, "ls_imagenet1
                  "imagenet100": 100}  # fmt: skip
 
 
-def _check_recipe(model: dict, where: str) -> None:
-    """Build the model's training recipe now, so a bad field fails before any training."""
+def model_recipe(model: dict[str, Any]):
+    """The training :class:`~stitchlab.train.Recipe` of a model table: its ``base``
+    recipe (``fast`` or the paper's for its ``arch``) with its ``method`` and ``recipe``
+    fields."""
     from ..train import fast_recipe, paper_recipe
 
+    opts = {"method": model["method"], **model["recipe"]}
+    return fast_recipe(**opts) if model["base"] == "fast" else paper_recipe(model["arch"], **opts)
+
+
+def _check_recipe(model: dict, where: str) -> None:
+    """Build the model's training recipe now, so a bad field fails before any training."""
     if model["method"] == "random":  # never trained: no recipe to check
         return
-    opts = {"method": model["method"], **model["recipe"]}
     try:
-        if model["base"] == "fast":
-            fast_recipe(**opts)
-        else:
-            paper_recipe(model["arch"], **opts)
+        model_recipe(model)
     except (TypeError, ValueError, KeyError) as exc:
         raise ConfigError(f"{where} recipe: {exc.args[0] if exc.args else exc}") from None
 

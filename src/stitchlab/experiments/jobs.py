@@ -24,7 +24,7 @@ import torch
 
 from ..runs.executors import assigned_device
 from ..store import DamagedEntry, lock, read_json, stable_hash, write_json
-from .config import IRIS_SET_KEYS
+from .config import IRIS_SET_KEYS, model_recipe
 from .datasets import (
     CACHE,
     base_data,
@@ -245,7 +245,7 @@ def train_job(job: TrainJob) -> dict[str, Any]:
     """Train (or resume, or reuse) one base model; returns its description."""
     from .. import models
     from ..models import CheckpointError
-    from ..train import MODEL_FILE, STATE_FILE, fast_recipe, paper_recipe, train_model
+    from ..train import MODEL_FILE, STATE_FILE, train_model
 
     exp_raw, name = job.ctx.exp, job.model
     store = job.ctx.root
@@ -263,12 +263,7 @@ def train_job(job: TrainJob) -> dict[str, Any]:
             models.save(model, out / MODEL_FILE, experiment_model=name, method="random",
                         seed=spec["seed"], data=data)  # fmt: skip
             return {"model": name, "reused": False, "evaluation": {}}
-        recipe_opts = {"method": spec["method"], **spec["recipe"]}
-        recipe = (
-            fast_recipe(**recipe_opts)
-            if spec["base"] == "fast"
-            else paper_recipe(spec["arch"], **recipe_opts)
-        )
+        recipe = model_recipe(spec)
         train, test = base_data(data, expected_fingerprint(exp_raw, data))
         training = marked(train, spec["marker"], data, rate=spec.get("marker_rate", 1.0))
         tests = {"clean": test}

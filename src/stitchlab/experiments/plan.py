@@ -22,7 +22,7 @@ from ..runs.plan import (
     stitch_seconds,
     training_seconds,
 )
-from .config import Experiment
+from .config import Experiment, model_recipe
 from .datasets import base_data, model_data, stitch_data, test_data
 from .jobs import (
     _iris_options,
@@ -47,10 +47,7 @@ def _training(spec: dict[str, Any]) -> tuple[int, float]:
     """A base model's epochs and forward and backward passes per training image (PGD's
     steps on the adversarial share of a batch for adversarial training, two views for
     SimCLR)."""
-    from ..train import fast_recipe, paper_recipe
-
-    opts = {"method": spec["method"], **spec["recipe"]}
-    recipe = fast_recipe(**opts) if spec["base"] == "fast" else paper_recipe(spec["arch"], **opts)
+    recipe = model_recipe(spec)
     if spec["method"] == "adversarial":
         return recipe.epochs, 1 + recipe.adv_steps * recipe.adv_fraction
     return recipe.epochs, 2.0 if spec["method"] == "simclr" else 1.0
