@@ -44,7 +44,8 @@ from stitchlab._batchnorm import mode as fold_mode
 from stitchlab._memory_format import memory_format_for
 from stitchlab._memory_format import mode as memory_format_mode
 from stitchlab.data import shapes
-from stitchlab.iris import _batch_generator, generate_iris
+from stitchlab.iris import generate_iris
+from stitchlab.iris.descent import _batch_generator
 
 
 def released_loop(front_model, back_model, point, x, steps, step_size, seed):
@@ -187,7 +188,7 @@ def _whitened_updates(fl, x0: torch.Tensor, grad: torch.Tensor, steps: int, now:
     """``steps`` whitened Adam updates of ``x0`` with a fixed gradient, as stitchlab's
     ``_descend`` runs them now (``now``: its own ``_adam_moments``) or ran them before
     (written out here; see :func:`measure_whiten`)."""
-    from stitchlab.iris import _adam_moments
+    from stitchlab.iris.descent import _adam_moments
 
     x, m = x0.clone(), torch.zeros_like(x0)
     v = fl.zeros_like(x0) if now else torch.zeros_like(x0)
@@ -214,7 +215,8 @@ def measure_whiten(batches=(64, 128), steps: int = 50, repeats: int = 5) -> list
     second moment and the FFT's input contiguous, the step in the iterate's layout), in
     milliseconds, each the fastest of ``repeats`` interleaved runs of ``steps`` updates;
     and whether the two leave bit-identical iterates."""
-    from stitchlab.iris import IRIRecipe, _FirstLayer
+    from stitchlab.iris import IRIRecipe
+    from stitchlab.iris.coordinates import _FirstLayer
 
     cl = torch.channels_last
     torch.manual_seed(0)
@@ -449,7 +451,9 @@ def bf16_floor(model, point, src) -> tuple[float, float]:
     representations of the sources' pixels rounded to bfloat16 (the input's rounding
     alone): errors that a bfloat16 step measures are inflated by about the first. (Where
     bfloat16 is not fast, the default's steps run float32 and this floor does not apply.)"""
-    from stitchlab.iris import IRIRecipe, _per_sample_error, _recipe_front
+    from stitchlab.iris import IRIRecipe
+    from stitchlab.iris.descent import _per_sample_error
+    from stitchlab.iris.front import _recipe_front
 
     front, x = _as_made(_recipe_front(model, point, (), None, IRIRecipe()), src)
     with torch.no_grad():
@@ -482,7 +486,8 @@ def step_budget(model, src, points, repeats: int = 2) -> list[dict]:
     default's time with no sample stopping early, no early float32 switch and no early
     switch to the exact gradient on the inner ReLUs' states, against the paper recipe's 200
     steps; and the bfloat16 error floor (:func:`bf16_floor`)."""
-    from stitchlab.iris import IRIRecipe, _bf16_steps
+    from stitchlab.iris import IRIRecipe
+    from stitchlab.iris.descent import _bf16_steps
 
     rec = IRIRecipe()
     bf16_until = _bf16_steps(rec, src.device)  # as the default's steps are decided

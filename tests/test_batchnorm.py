@@ -9,7 +9,8 @@ from torch import nn
 
 from stitchlab import models
 from stitchlab._batchnorm import ENV, fold_batchnorm, folded, mode
-from stitchlab.iris import _frozen_front, generate_iris, generate_iris_set
+from stitchlab.iris import generate_iris, generate_iris_set
+from stitchlab.iris.front import _frozen_front
 
 
 def _hand_net() -> nn.Module:

@@ -237,7 +237,7 @@ def test_default_recipe_converges_where_the_papers_does_not(trained):
 
 
 def test_straight_through_relu_is_exact_forward_and_identity_backward():
-    from stitchlab.iris import straight_through_relu
+    from stitchlab.iris.front import straight_through_relu
 
     x = torch.tensor([-1.0, 0.5, 2.0], requires_grad=True)
     y = straight_through_relu(x)

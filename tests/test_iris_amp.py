@@ -6,9 +6,11 @@ import pytest
 import torch
 from torch import nn
 
-import stitchlab.iris as iris
+import stitchlab.iris.descent as descent
 from stitchlab import generate_iris, generate_iris_set
-from stitchlab.iris import IRIRecipe, uses_bf16
+from stitchlab.iris import IRIRecipe
+from stitchlab.iris.front import _recipe_front
+from stitchlab.iris.recipe import uses_bf16
 
 CPU = torch.device("cpu")
 
@@ -29,7 +31,7 @@ def test_the_last_float32_steps_run_in_float32():
     rec = IRIRecipe(amp="bf16", steps=10, float32_steps=3)
     dtypes = []
     for t in range(rec.steps):
-        with iris._precision(CPU, t < iris._bf16_steps(rec, CPU)):
+        with descent._precision(CPU, t < descent._bf16_steps(rec, CPU)):
             dtypes.append(nn.functional.linear(torch.ones(1, 2), torch.ones(2, 2)).dtype)
     assert dtypes == [torch.bfloat16] * 7 + [torch.float32] * 3
 
@@ -72,7 +74,7 @@ def test_a_batch_close_to_its_targets_goes_on_in_float32():
 def test_auto_resolves_against_the_device(device):
     """bfloat16 on CUDA, float32 on every CPU (with AMX or without); the key names what
     ran."""
-    front = iris._recipe_front(_model(), "1", (), None, IRIRecipe())
+    front = _recipe_front(_model(), "1", (), None, IRIRecipe())
     rec = IRIRecipe().for_front(front, torch.rand(2, 3, 8, 8), torch.device(device))
     assert rec.amp == ("bf16" if device == "cuda" else "off")
     assert uses_bf16(rec, torch.device(device)) is (device == "cuda")
@@ -139,7 +141,7 @@ def test_error_and_gradient_by_hand_in_either_layout(dtype):
     ||t||), by hand: sample 0 is 5 off a target of norm 13 (0.3846..., a gradient of
     diff / 65), sample 1 is the target itself (error 0, gradient 0). The gradient has f's
     dtype and memory format (channels-last maps are reduced in place, not copied)."""
-    from stitchlab.iris import _error_and_grad
+    from stitchlab.iris.descent import _error_and_grad
 
     target = torch.zeros(2, 2, 2, 2)
     target[0, 0, 0, 0], target[0, 1, 1, 1] = 5.0, 12.0  # norm 13

@@ -7,14 +7,8 @@ import pytest
 import torch
 from torch import nn
 
-from stitchlab.iris import (
-    AFFINE_RULE,
-    IRIRecipe,
-    _recipe_front,
-    _STReLUModule,
-    affine_front,
-    generate_iris,
-)
+from stitchlab.iris import IRIRecipe, generate_iris
+from stitchlab.iris.front import AFFINE_RULE, _recipe_front, _STReLUModule, affine_front
 
 
 def _doubler() -> nn.Sequential:

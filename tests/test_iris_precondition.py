@@ -11,13 +11,9 @@ import torch
 from torch import nn
 
 from stitchlab import generate_iris, generate_iris_set
-from stitchlab.iris import (
-    FIRST_LAYER_DAMPING,
-    IRIRecipe,
-    _FirstLayer,
-    _recipe_front,
-    input_convolution,
-)
+from stitchlab.iris import IRIRecipe
+from stitchlab.iris.coordinates import FIRST_LAYER_DAMPING, _FirstLayer, input_convolution
+from stitchlab.iris.front import _recipe_front
 
 
 def _front(model: nn.Module, point: str = "1") -> nn.Module:

@@ -12,8 +12,9 @@ import pytest
 import torch
 from torch import nn
 
-from stitchlab import iris
-from stitchlab.iris import _frozen_front, _smooth_relus_of, generate_iris
+from stitchlab.iris import generate_iris
+from stitchlab.iris.front import _frozen_front
+from stitchlab.iris.smooth import _smooth_relus_of, _SmoothModule
 
 MODULES = [nn.ReLU6(), nn.Hardtanh(), nn.Hardsigmoid(), nn.Hardswish(), nn.ReLU6(inplace=True),
            nn.MaxPool2d(2)]  # fmt: skip
@@ -72,7 +73,7 @@ def test_modules_inside_leaf_modules_are_treated():
     net = nn.Sequential(Block(), Block().requires_grad_(False), nn.Flatten())
     net[1].conv = nn.Conv2d(4, 4, 3, padding=1)
     front = _frozen_front(net.eval(), "1", leaf_modules=(Block,), relu_grad="smooth")
-    assert sum(isinstance(m, iris._SmoothModule) for m in front.modules()) == 2
+    assert sum(isinstance(m, _SmoothModule) for m in front.modules()) == 2
     x = torch.rand(4, 3, 32, 32)
     res = generate_iris(net, "1", x, steps=20, exact_relu_steps=0, leaf_modules=(Block,))
     assert res.rel_error.shape == (4,)

@@ -7,7 +7,9 @@ import pytest
 import torch
 from torch import nn
 
-from stitchlab.iris import IRIRecipe, _frozen_front, _smooth_relus_of, generate_iris
+from stitchlab.iris import IRIRecipe, generate_iris
+from stitchlab.iris.front import _frozen_front
+from stitchlab.iris.smooth import _smooth_relus_of
 
 
 def _sigmoid(z: float) -> float:
@@ -33,16 +35,16 @@ def _conv_net() -> nn.Sequential:
 
 def _spy_steps(monkeypatch) -> list[tuple]:
     """Record ``(exact, measure, rows)`` of every :meth:`_SmoothReLUs.step` call."""
-    import stitchlab.iris as iris
+    from stitchlab.iris import smooth
 
     calls = []
-    step = iris._SmoothReLUs.step
+    step = smooth._SmoothReLUs.step
 
     def spy(self, rows, exact=False, measure=None):
         calls.append((exact, measure, None if rows is None else rows.tolist()))
         step(self, rows, exact, measure)
 
-    monkeypatch.setattr(iris._SmoothReLUs, "step", spy)
+    monkeypatch.setattr(smooth._SmoothReLUs, "step", spy)
     return calls
 
 
@@ -95,7 +97,7 @@ def test_smooth_relu_keeps_the_activations_dtype():
     """Under bfloat16 (autocast on a GPU) the kept tensor is bfloat16, not a float32 copy
     promoted by the float32 widths, and the gradient is max(floor, sigmoid(z * inv)) to
     bfloat16's precision; an in-place ReLU overwrites its input as the model's does."""
-    from stitchlab.iris import _SmoothReLUFn
+    from stitchlab.iris.smooth import _SmoothReLUFn
 
     z = torch.linspace(-3.0, 3.0, 13).reshape(1, 13, 1, 1).repeat(2, 1, 1, 1)
     inv = torch.tensor([2.0, 0.5]).reshape(2, 1, 1, 1)  # float32, per sample
@@ -182,7 +184,7 @@ def test_smooth_keeps_in_place_relus_in_place():
 
 def test_preset_keys_name_every_field():
     """A stored set's key is the whole resolved recipe (store format 4)."""
-    from stitchlab.iris import AFFINE_RULE
+    from stitchlab.iris.front import AFFINE_RULE
 
     d = IRIRecipe().key_dict()
     assert (d["steps"], d["relu_grad"], d["relu_width"], d["relu_floor"]) == (
@@ -305,12 +307,13 @@ def test_the_exact_gradient_comes_at_the_first_check_at_or_below_the_mismatch(mo
     """Checks come every MISMATCH_EVERY smooth steps (t = 9, 19, ...); at the first whose
     mismatch is at most exact_relu_mismatch, every later step is exact. Scripted mismatches
     0.5 then 0.1 (the threshold itself): steps 0-19 smooth, 20-39 exact."""
-    import stitchlab.iris as iris
+    from stitchlab.iris import smooth
+    from stitchlab.iris.recipe import MISMATCH_EVERY
 
-    assert iris.MISMATCH_EVERY == 10
+    assert MISMATCH_EVERY == 10
     script = iter([0.5, 0.1])
     calls = _spy_steps(monkeypatch)
-    monkeypatch.setattr(iris._SmoothReLUs, "mismatch", lambda self: next(script))
+    monkeypatch.setattr(smooth._SmoothReLUs, "mismatch", lambda self: next(script))
     torch.manual_seed(0)
     net = _conv_net()
     x = torch.rand(2, 3, 6, 6)
@@ -328,12 +331,12 @@ def test_the_exact_gradient_comes_at_the_first_check_at_or_below_the_mismatch(mo
 def test_the_mismatch_is_measured_on_the_samples_still_running(monkeypatch):
     """Sample 0 is made to meet the tolerance at step 5 (its error reported as 0): the
     check at step 9 then runs on rows 1 and 2 only, and measures a share of their units."""
-    import stitchlab.iris as iris
     import stitchlab.iris.descent as descent
+    from stitchlab.iris import smooth
 
     calls = _spy_steps(monkeypatch)
     seen = []
-    error_and_grad, mismatch = iris._error_and_grad, iris._SmoothReLUs.mismatch
+    error_and_grad, mismatch = descent._error_and_grad, smooth._SmoothReLUs.mismatch
 
     def stop_sample_0_at_step_5(f, target, target_norm):
         err, grad = error_and_grad(f, target, target_norm)
@@ -347,7 +350,7 @@ def test_the_mismatch_is_measured_on_the_samples_still_running(monkeypatch):
         return seen[-1]
 
     monkeypatch.setattr(descent, "_error_and_grad", stop_sample_0_at_step_5)
-    monkeypatch.setattr(iris._SmoothReLUs, "mismatch", spy_mismatch)
+    monkeypatch.setattr(smooth._SmoothReLUs, "mismatch", spy_mismatch)
     torch.manual_seed(0)
     generate_iris(_conv_net(), "3", torch.rand(3, 3, 6, 6), steps=30, exact_relu_steps=5,
                   tolerance=1e-9, amp="off")  # fmt: skip
@@ -360,7 +363,7 @@ def test_measuring_the_mismatch_changes_no_bit(monkeypatch):
     """Where the switch never comes, the default's IRIs are those without the switch bit for
     bit (the comparison reads the activations and writes nothing); where it comes they
     differ."""
-    import stitchlab.iris as iris
+    from stitchlab.iris import smooth
 
     torch.manual_seed(0)
     net = _conv_net()
@@ -368,17 +371,17 @@ def test_measuring_the_mismatch_changes_no_bit(monkeypatch):
     kw = {"steps": 30, "exact_relu_steps": 5, "tolerance": None, "amp": "off"}
     v7 = generate_iris(net, "3", x, exact_relu_mismatch=None, **kw)
     with monkeypatch.context() as m:
-        m.setattr(iris._SmoothReLUs, "mismatch", lambda self: 1.0)
+        m.setattr(smooth._SmoothReLUs, "mismatch", lambda self: 1.0)
         never = generate_iris(net, "3", x, **kw)
     assert torch.equal(never.iris, v7.iris)
     with monkeypatch.context() as m:
-        m.setattr(iris._SmoothReLUs, "mismatch", lambda self: 0.0)
+        m.setattr(smooth._SmoothReLUs, "mismatch", lambda self: 0.0)
         at_once = generate_iris(net, "3", x, **kw)
     assert not torch.equal(at_once.iris, v7.iris)
 
 
 def test_exact_relu_mismatch_is_checked_resolved_and_keyed():
-    from stitchlab.iris import _recipe_front
+    from stitchlab.iris.front import _recipe_front
 
     for bad in (0.0, 1.0, -0.1):
         with pytest.raises(ValueError, match="exact_relu_mismatch"):

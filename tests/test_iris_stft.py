@@ -5,7 +5,8 @@ import pytest
 import torch
 from torch import nn
 
-from stitchlab.iris import IRIRecipe, _TimeFrequency, generate_iris
+from stitchlab.iris import IRIRecipe, generate_iris
+from stitchlab.iris.coordinates import _TimeFrequency
 
 
 @pytest.mark.parametrize("n, length", [(4, 4), (16, 100), (16, 103), (256, 8000), (256, 8001)])

@@ -41,20 +41,15 @@ import torch
 from _common import model_and_images, script_commit
 
 from stitchlab.experiments import load_config, with_fingerprints
-from stitchlab.iris import (
-    IRIRecipe,
+from stitchlab.iris import IRIRecipe, dequantise, quantise
+from stitchlab.iris.descent import (
     _batch_generator,
     _error_and_grad,
-    _frozen_front,
-    _is_relu,
     _per_sample_error,
-    _replace_relus,
     _run_batch,
     _start,
-    dequantise,
-    quantise,
 )
-from stitchlab.iris.front import _straight_through_output
+from stitchlab.iris.front import _frozen_front, _is_relu, _replace_relus, _straight_through_output
 
 
 class _SurrogateReLU(torch.autograd.Function):

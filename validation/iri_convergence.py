@@ -56,7 +56,7 @@ def _dead_in_iri(front: torch.nn.Module, x: torch.Tensor, iris: torch.Tensor) ->
 
 
 def _ends_in_relu(model: torch.nn.Module, point: str) -> bool:
-    from stitchlab.iris import _is_relu
+    from stitchlab.iris.front import _is_relu
 
     front, _ = TracedModel(model).split(point)
     gm = getattr(front, "eval_graph", front)

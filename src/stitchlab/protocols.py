@@ -171,7 +171,8 @@ def _check_set_matches(iris: IRISet, front_model: nn.Module, point: str, real: D
                        tracing: dict) -> None:  # fmt: skip
     """Refuse a stored IRI set made at another point, from another front model or from other
     stitching images than this stitch's: its IRIs would be paired with the wrong sources."""
-    from .iris import _frozen_front, model_fingerprint
+    from .iris.front import _frozen_front
+    from .iris.store import model_fingerprint
 
     meta = iris.meta
     made = meta.get("point")

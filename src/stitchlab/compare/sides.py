@@ -102,7 +102,7 @@ def _audio_spec(s: CompareSettings, source, side: str):
 
 
 def _side(source, spec, wrap) -> _Side:
-    from ..iris import model_fingerprint
+    from ..iris.store import model_fingerprint
 
     source.input = spec
     points = source.points()

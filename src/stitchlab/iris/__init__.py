@@ -23,34 +23,10 @@ The package's modules: :mod:`~stitchlab.iris.recipe` (:class:`IRIRecipe`),
 
 from __future__ import annotations
 
-from .coordinates import FIRST_LAYER_DAMPING, _FirstLayer, _TimeFrequency, input_convolution
-from .descent import (
-    _adam_moments,
-    _batch_generator,
-    _bf16_steps,
-    _check_images,
-    _error_and_grad,
-    _per_sample_error,
-    _precision,
-    _run_batch,
-    _start,
-    generate_iris,
-)
-from .front import (
-    AFFINE_RULE,
-    _frozen_front,
-    _is_relu,
-    _recipe_front,
-    _relu_is_inplace,
-    _replace_relus,
-    _STReLUModule,
-    affine_front,
-    straight_through_relu,
-)
+from .descent import generate_iris
 from .presets import PRESETS
 from .quality import (
     MIN_NULL_RATIO,
-    PRECISIONS,
     THRESHOLD,
     IRIError,
     IRIQuality,
@@ -58,17 +34,8 @@ from .quality import (
     dequantise,
     quantise,
 )
-from .recipe import MISMATCH_EVERY, IRIRecipe, uses_bf16
-from .smooth import _smooth_relus_of, _SmoothModule, _SmoothReLUFn, _SmoothReLUs
-from .store import (
-    FORMAT_VERSION,
-    IRISet,
-    clear_cache,
-    data_fingerprint,
-    generate_iris_set,
-    iris_set_stored,
-    model_fingerprint,
-)
+from .recipe import IRIRecipe
+from .store import IRISet, generate_iris_set, iris_set_stored
 
 __all__ = [
     "IRIRecipe",
@@ -85,13 +52,3 @@ __all__ = [
     "quantise",
     "dequantise",
 ]
-
-_INTERNAL = (  # used by other modules, tests and benchmarks through this package
-    FIRST_LAYER_DAMPING, _FirstLayer, _TimeFrequency, input_convolution, _adam_moments,
-    _batch_generator, _bf16_steps, _check_images, _error_and_grad, _per_sample_error,
-    _precision, _run_batch, _start, AFFINE_RULE, _frozen_front, _is_relu, _recipe_front,
-    _relu_is_inplace, _replace_relus, _STReLUModule, affine_front, straight_through_relu,
-    PRECISIONS, MISMATCH_EVERY, uses_bf16, _SmoothModule, _SmoothReLUFn,
-    _SmoothReLUs, _smooth_relus_of, FORMAT_VERSION, clear_cache, data_fingerprint,
-    model_fingerprint,
-)  # fmt: skip
