@@ -149,7 +149,12 @@ def test_compare_on_ray_gives_the_local_table_and_resumes(tmp_path, capsys):
     assert main([*args, "--out", str(tmp_path / "ray"), "--ray"]) == 0
     local, on_ray = (pd.read_csv(tmp_path / d / "results.csv").drop(columns="seconds")
                      for d in ("local", "ray"))  # fmt: skip
-    pd.testing.assert_frame_equal(local, on_ray)
+    # the same runs, computed apart: Ray's workers train the stitches with one torch thread,
+    # this process with two, so float32 sums round otherwise (about 1e-7); these untrained
+    # networks agree on nearly every image (score, null and ceiling about 100), and the
+    # normalised score divides by ceiling - null, which magnifies that rounding to about
+    # 1e-5 of its value (-0.319205 against -0.319201 on an AMD EPYC)
+    pd.testing.assert_frame_equal(local, on_ray, check_exact=False, rtol=1e-4)
     stored = sorted((tmp_path / "ray" / "store" / "compare").glob("*.json"))
     assert len(stored) == 10  # 2 cells x (2 seeds + 1 null + 2 ceiling runs)
     mtimes = [p.stat().st_mtime_ns for p in stored]
