@@ -211,7 +211,7 @@ def measure_whiten(batches=(64, 128), steps: int = 50, repeats: int = 5) -> list
     """The whitened Adam update of one step (the default's ``precondition="first_layer"``,
     uncapped) on channels-last 3 x 32 x 32 iterates, as stitchlab ran it before (the
     baseline: :func:`_whiten_before`, the second moment in the iterate's layout, the step
-    subtracted in the FFT's layout) and now (:class:`stitchlab.iris._FirstLayer`: the
+    subtracted in the FFT's layout) and now (:class:`stitchlab.iris.coordinates._FirstLayer`: the
     second moment and the FFT's input contiguous, the step in the iterate's layout), in
     milliseconds, each the fastest of ``repeats`` interleaved runs of ``steps`` updates;
     and whether the two leave bit-identical iterates."""
