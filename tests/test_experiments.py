@@ -438,6 +438,7 @@ def test_cli_run_check_and_errors(tmp_path, capsys):
     assert not (tmp_path / "p" / "store" / "models").exists()
 
 
+@pytest.mark.slow  # the README's main job at quick size: 110 s (AMX) to 270 s (AMD EPYC) on 2 cores
 def test_quick_demo_end_to_end(tmp_path):
     out = tmp_path / "demo"
     assert main(["demo", "--out", str(out), "--quick", "--no-progress"]) == 0
