@@ -187,8 +187,7 @@ def _stored_iri_sets(s, front, back, stitch_set, store: Path, recipe, todo,
     """Which of the IRI sets ``todo`` needs are complete in the store already (keyed as
     :func:`_execute` will generate them: the same front, point, data, start and recipe)."""
     from .._data import as_dataset
-    from ..iris import iris_set_stored
-    from ..iris.store import data_fingerprint
+    from ..iris.store import data_fingerprint, iris_set_stored
 
     needed = _iri_sets_of(s, todo, front.fingerprint == back.fingerprint)
     if not needed:
