@@ -14,7 +14,7 @@ from torch import nn
 
 from stitchlab.iris import generate_iris
 from stitchlab.iris.front import _frozen_front
-from stitchlab.iris.smooth import _smooth_relus_of, _SmoothModule
+from stitchlab.iris.smooth import _smooth_relus_of, _SmoothModule, _SmoothSaturatingFn
 
 MODULES = [nn.ReLU6(), nn.Hardtanh(), nn.Hardsigmoid(), nn.Hardswish(), nn.ReLU6(inplace=True),
            nn.MaxPool2d(2)]  # fmt: skip
@@ -80,3 +80,26 @@ def test_modules_inside_leaf_modules_are_treated():
     exact = generate_iris(net, "1", x, steps=20, exact_relu_steps=0, leaf_modules=(Block,),
                           relu_grad="exact")
     assert not torch.equal(res.iris, exact.iris)  # the smooth gradient changed the descent
+
+
+def _ramp_slope(kind: str, lo: float, hi: float, values: list[float], exact) -> list[float]:
+    x = torch.tensor(values).view(1, 1, 1, -1).requires_grad_(True)
+    inv_width = torch.full((1, 1, 1, 1), 2.0)  # w = 0.5: ramps of width 4w = 2
+    y = _SmoothSaturatingFn.apply(x, inv_width, kind, lo, hi, 0.05, exact)
+    (g,) = torch.autograd.grad(y.sum(), x)
+    return g.flatten().tolist()
+
+
+def test_the_clamps_slope_has_ramps_of_width_4w_by_hand():
+    # ReLU6, w = 0.5: the slope ramps from 0 to 1 over [-1, 1] and back over [5, 7], at
+    # least the floor 0.05
+    got = _ramp_slope("clamp", 0.0, 6.0, [-2.0, -0.5, 0.5, 3.0, 6.5, 8.0], nn.ReLU6())
+    assert got == pytest.approx([0.05, 0.25, 0.75, 1.0, 0.25, 0.05])
+    got = _ramp_slope("hardsigmoid", -3.0, 3.0, [-3.5, 0.0, 2.0], nn.Hardsigmoid())
+    assert got == pytest.approx([0.25 / 6, 1 / 6, 1 / 6])
+
+
+def test_the_hardswish_slope_by_hand():
+    # h(x) + x r(x) / 6 (r: ramps over [-4, -2] and [2, 4]), plus the floor at and below -3
+    got = _ramp_slope("hardswish", -3.0, 3.0, [-5.0, -3.0, 0.0, 3.0, 5.0], nn.Hardswish())
+    assert got == pytest.approx([0.05, -0.25 + 0.05, 0.5, 1.0 + 0.25, 1.0])

@@ -5,8 +5,9 @@ inner ReLU backpropagates ``max(floor, sigmoid(z / w))`` for its pre-activation 
 ``w`` = ``relu_width`` x the standard deviation of the *source's* pre-activation over the
 map (per sample and channel): a unit just below zero passes about half the gradient, one
 far below ``relu_floor`` of it. A saturating nonlinearity (a clamp to ``[lo, hi]``: ReLU6,
-Hardtanh; Hardsigmoid and Hardswish, kinked at -3 and 3) takes the derivative of its
-softplus-smoothed version over the same ``w``, at least ``relu_floor``, and a max-pooling of
+Hardtanh; Hardsigmoid and Hardswish, kinked at -3 and 3) takes its slope with each kink
+made a linear ramp of width ``4 w`` (the same central slope), at least ``relu_floor``,
+and a max-pooling of
 non-overlapping windows spreads each window's gradient over its inputs by a softmax of
 ``(x - max) / w``. The smooth gradient is not the error's, so the last steps of a batch
 (and all steps once the nonlinearities' on/off states agree with the sources') take the
@@ -77,29 +78,30 @@ def _relu_state(t: Tensor) -> Tensor:
 
 class _SmoothSaturatingFn(torch.autograd.Function):
     """A saturating piecewise-linear nonlinearity (clamp to ``[lo, hi]``: ReLU6,
-    Hardtanh; Hardsigmoid, Hardswish) with its exact forward and, backward, the
-    derivative of its softplus-smoothed version: for a clamp ``s(x) = sigmoid((x - lo) /
-    w) - sigmoid((x - hi) / w)`` (the kinks rounded over ``w``), at least ``floor``;
-    Hardsigmoid ``s(x) / 6`` over ``[-3, 3]``; Hardswish ``x * h(x)`` with ``h`` the
-    smoothed Hardsigmoid, plus ``floor`` below -3. ``w`` as for the ReLUs.
+    Hardtanh; Hardsigmoid, Hardswish) with its exact forward and, backward, a slope whose
+    kinks are ramps of width ``4 w`` (the slope of the kink smoothed by a uniform window;
+    ``4 w`` gives the ramp the central slope of a sigmoid of width ``w``): for a clamp
+    ``min(1/2 + (x - lo) / 4w, 1/2 + (hi - x) / 4w)`` limited to ``[floor, 1]``;
+    Hardsigmoid that over ``hi - lo`` = 6; Hardswish ``h(x) + x r(x) / 6`` with ``h`` the
+    exact Hardsigmoid and ``r`` the clamp's ramp slope over ``[-3, 3]`` (without floor),
+    plus ``floor`` at and below -3. ``w`` as for the ReLUs.
 
-    The derivative depends on the input only, so the forward computes it (in place on two
-    buffers, in the activation's dtype and memory layout) and keeps it instead of the
-    input; the backward is one product. On depthwise fronts these elementwise passes, not
-    the convolutions, are the smooth step's cost."""
+    The slope depends on the input only, so the forward computes it (products and
+    clamps, no transcendental function: on depthwise fronts these elementwise passes,
+    not the convolutions, are the smooth step's cost) in the activation's dtype and
+    memory layout and keeps it instead of the input; the backward is one product."""
 
     @staticmethod
     def forward(ctx, x, inv_width, kind, lo, hi, floor, exact):  # noqa: D102
         xd = x.detach()
-        inv = inv_width.to(xd.dtype)
-        a = torch.mul(xd, inv).sub_(lo * inv)  # (x - lo) / w
-        b = a - (hi - lo) * inv  # (x - hi) / w
-        if kind == "hardswish":  # x * h(x), h the smoothed (x + 3) / 6 clamped to [0, 1]
-            h = F.softplus(a).sub_(F.softplus(b)).div_(inv)  # w (softplus(a) - softplus(b))
-            d = a.sigmoid_().sub_(b.sigmoid_()).mul_(xd).add_(h).div_(hi - lo)
-            d.add_((xd <= lo).to(d.dtype), alpha=floor)
+        q = inv_width.to(xd.dtype) * 0.25  # 1 / 4w, per sample and channel
+        # the ramps as one expression: 1/2 + min(x - lo, hi - x) / 4w
+        d = torch.sub(xd, (lo + hi) / 2).abs_().mul_(-q).add_(0.5 + (hi - lo) / 2 * q)
+        if kind == "hardswish":  # h(x) + x r(x) / 6, r the ramp slope in [0, 1]
+            d = d.clamp_(0.0, 1.0).mul_(xd).div_(hi - lo).add_(F.hardsigmoid(xd))
+            d.add_(xd.le(lo), alpha=floor)
         else:
-            d = a.sigmoid_().sub_(b.sigmoid_()).clamp_min_(floor)  # the smoothed clamp's slope
+            d.clamp_(floor, 1.0)
             if kind == "hardsigmoid":
                 d.div_(hi - lo)
         ctx.save_for_backward(d)
