@@ -8,6 +8,8 @@ where the exact one is zero (a saturated unit, a window's non-maximum).
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from torch import nn
@@ -84,14 +86,14 @@ def test_modules_inside_leaf_modules_are_treated():
 
 def _ramp_slope(kind: str, lo: float, hi: float, values: list[float], exact) -> list[float]:
     x = torch.tensor(values).view(1, 1, 1, -1).requires_grad_(True)
-    inv_width = torch.full((1, 1, 1, 1), 2.0)  # w = 0.5: ramps of width 4w = 2
+    inv_width = torch.full((1, 1, 1, 1), math.pi)  # w = 1 / pi: ramps of width 2 pi w = 2
     y = _SmoothSaturatingFn.apply(x, inv_width, kind, lo, hi, 0.05, exact)
     (g,) = torch.autograd.grad(y.sum(), x)
     return g.flatten().tolist()
 
 
-def test_the_clamps_slope_has_ramps_of_width_4w_by_hand():
-    # ReLU6, w = 0.5: the slope ramps from 0 to 1 over [-1, 1] and back over [5, 7], at
+def test_the_clamps_slope_has_ramps_of_width_2_pi_w_by_hand():
+    # ReLU6, ramps of width 2: the slope ramps from 0 to 1 over [-1, 1] and back over [5, 7], at
     # least the floor 0.05
     got = _ramp_slope("clamp", 0.0, 6.0, [-2.0, -0.5, 0.5, 3.0, 6.5, 8.0], nn.ReLU6())
     assert got == pytest.approx([0.05, 0.25, 0.75, 1.0, 0.25, 0.05])

@@ -6,7 +6,7 @@ inner ReLU backpropagates ``max(floor, sigmoid(z / w))`` for its pre-activation 
 map (per sample and channel): a unit just below zero passes about half the gradient, one
 far below ``relu_floor`` of it. A saturating nonlinearity (a clamp to ``[lo, hi]``: ReLU6,
 Hardtanh; Hardsigmoid and Hardswish, kinked at -3 and 3) takes its slope with each kink
-made a linear ramp of width ``4 w`` (the same central slope), at least ``relu_floor``,
+made a linear ramp of width ``2 pi w`` (the same variance), at least ``relu_floor``,
 and a max-pooling of
 non-overlapping windows spreads each window's gradient over its inputs by a softmax of
 ``(x - max) / w``. The smooth gradient is not the error's, so the last steps of a batch
@@ -72,6 +72,11 @@ class _SmoothReLUFn(torch.autograd.Function):
         return d, None, None, None
 
 
+#: The ramps' width over ``w``: a uniform window of width ``2 pi w`` has the variance of the
+#: logistic window of scale ``w`` that smooths the inner ReLUs (``pi^2 w^2 / 3``).
+RAMP_WIDTH = 2 * math.pi
+
+
 def _relu_state(t: Tensor) -> Tensor:
     return t > 0
 
@@ -79,9 +84,9 @@ def _relu_state(t: Tensor) -> Tensor:
 class _SmoothSaturatingFn(torch.autograd.Function):
     """A saturating piecewise-linear nonlinearity (clamp to ``[lo, hi]``: ReLU6,
     Hardtanh; Hardsigmoid, Hardswish) with its exact forward and, backward, a slope whose
-    kinks are ramps of width ``4 w`` (the slope of the kink smoothed by a uniform window;
-    ``4 w`` gives the ramp the central slope of a sigmoid of width ``w``): for a clamp
-    ``min(1/2 + (x - lo) / 4w, 1/2 + (hi - x) / 4w)`` limited to ``[floor, 1]``;
+    kinks are linear ramps of width ``r`` = :data:`RAMP_WIDTH` x ``w`` (the kink smoothed by
+    a uniform window of ``r``): for a clamp ``1/2 + min(x - lo, hi - x) / r`` limited to
+    ``[floor, 1]``;
     Hardsigmoid that over ``hi - lo`` = 6; Hardswish ``h(x) + x r(x) / 6`` with ``h`` the
     exact Hardsigmoid and ``r`` the clamp's ramp slope over ``[-3, 3]`` (without floor),
     plus ``floor`` at and below -3. ``w`` as for the ReLUs.
@@ -94,8 +99,8 @@ class _SmoothSaturatingFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, inv_width, kind, lo, hi, floor, exact):  # noqa: D102
         xd = x.detach()
-        q = inv_width.to(xd.dtype) * 0.25  # 1 / 4w, per sample and channel
-        # the ramps as one expression: 1/2 + min(x - lo, hi - x) / 4w
+        q = inv_width.to(xd.dtype) * (1 / RAMP_WIDTH)  # 1 / r, per sample and channel
+        # the ramps as one expression: 1/2 + min(x - lo, hi - x) / r
         d = torch.sub(xd, (lo + hi) / 2).abs_().mul_(-q).add_(0.5 + (hi - lo) / 2 * q)
         if kind == "hardswish":  # h(x) + x r(x) / 6, r the ramp slope in [0, 1]
             d = d.clamp_(0.0, 1.0).mul_(xd).div_(hi - lo).add_(F.hardsigmoid(xd))
