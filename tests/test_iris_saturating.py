@@ -105,3 +105,21 @@ def test_the_hardswish_slope_by_hand():
     # h(x) + x r(x) / 6 (r: ramps over [-4, -2] and [2, 4]), plus the floor at and below -3
     got = _ramp_slope("hardswish", -3.0, 3.0, [-5.0, -3.0, 0.0, 3.0, 5.0], nn.Hardswish())
     assert got == pytest.approx([0.05, -0.25 + 0.05, 0.5, 1.0 + 0.25, 1.0])
+
+
+KEYED = [(nn.ReLU6(), True), (nn.Hardswish(), True), (nn.ReLU(), False), (nn.MaxPool2d(2), False)]
+
+
+@pytest.mark.parametrize(("act", "named"), KEYED)
+def test_a_stored_sets_key_names_the_saturating_slope_where_the_front_has_one(act, named):
+    from stitchlab.iris.smooth import SATURATING_RULE
+    from stitchlab.iris.store import _iris_set_key
+
+    net = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), act, nn.Conv2d(4, 4, 1), nn.ReLU(),
+                        nn.Flatten())  # fmt: skip
+    data = (torch.rand(4, 3, 8, 8), torch.zeros(4, dtype=torch.long))
+    args = (net.eval(), "3", data, 0, 128, None, "cpu", (), None)
+    parts = _iris_set_key(*args, {})[4]
+    assert parts.get("saturating") == (SATURATING_RULE if named else None)
+    # the exact gradient never runs the smooth slope: no rule in its key
+    assert "saturating" not in _iris_set_key(*args, {"relu_grad": "exact"})[4]

@@ -72,6 +72,11 @@ class _SmoothReLUFn(torch.autograd.Function):
         return d, None, None, None
 
 
+#: The version of the saturating nonlinearities' smooth slope, in the key of a stored IRI
+#: set whose front has one (:func:`smooths_saturating`): sets made with another slope (the
+#: softplus-smoothed one before) are made again, those of other fronts are kept.
+SATURATING_RULE = "ramps-2pi"
+
 #: The ramps' width over ``w``: a uniform window of width ``2 pi w`` has the variance of the
 #: logistic window of scale ``w`` that smooths the inner ReLUs (``pi^2 w^2 / 3``).
 RAMP_WIDTH = 2 * math.pi
@@ -340,6 +345,15 @@ class _SmoothReLUs:
     def off(self) -> None:
         """Plain ReLUs from now on (the sources' states, kept for a batch, released)."""
         self.mode, self._rows, self.source_on = "off", None, []
+
+
+def smooths_saturating(front: nn.Module) -> bool:
+    """Whether ``front`` (a recipe's front, :func:`stitchlab.iris.front._recipe_front`)
+    runs a saturating nonlinearity through the smooth gradient."""
+    return any(
+        isinstance(m, _SmoothModule) and _saturating_kind(m.inner) is not None
+        for m in front.modules()
+    )
 
 
 def _smooth_relus_of(front: nn.Module) -> _SmoothReLUs | None:

@@ -25,6 +25,7 @@ from .descent import _check_images, _run_batch
 from .front import _recipe_front
 from .quality import MIN_NULL_RATIO, THRESHOLD, IRIError, IRIQuality, dequantise
 from .recipe import IRIRecipe
+from .smooth import SATURATING_RULE, smooths_saturating
 
 #: The store format of IRI sets, in every set's key and metadata. 4: the recipe's fields of
 #: the lean package (earlier presets and options removed); a set of another format is
@@ -245,6 +246,8 @@ def _iris_set_key(
         "chunk_size": chunk_size,
         "recipe": rec.key_dict(),
     }
+    if rec.relu_grad == "smooth" and smooths_saturating(front):
+        key_parts["saturating"] = SATURATING_RULE
     key = hashlib.sha256(json.dumps(key_parts, sort_keys=True).encode()).hexdigest()[:24]
     return rec, dataset, front, dev, key_parts, key
 
