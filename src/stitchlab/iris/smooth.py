@@ -6,10 +6,9 @@ inner ReLU backpropagates ``max(floor, sigmoid(z / w))`` for its pre-activation 
 map (per sample and channel): a unit just below zero passes about half the gradient, one
 far below ``relu_floor`` of it. A saturating nonlinearity (a clamp to ``[lo, hi]``: ReLU6,
 Hardtanh; Hardsigmoid and Hardswish, kinked at -3 and 3) takes its slope with each kink
-made a linear ramp of width ``2 pi w`` (the same variance), at least ``relu_floor``,
-and a max-pooling of
-non-overlapping windows spreads each window's gradient over its inputs by a softmax of
-``(x - max) / w``. The smooth gradient is not the error's, so the last steps of a batch
+made a linear ramp of width ``2 pi w`` (the same variance), at least ``relu_floor``, and a
+max-pooling of non-overlapping windows spreads each window's gradient over its inputs by a
+softmax of ``(x - max) / w``. The smooth gradient is not the error's, so the last steps of a batch
 (and all steps once the nonlinearities' on/off states agree with the sources') take the
 exact one (:class:`_SmoothReLUs`, driven by :mod:`stitchlab.iris.descent`).
 """
@@ -90,11 +89,10 @@ class _SmoothSaturatingFn(torch.autograd.Function):
     """A saturating piecewise-linear nonlinearity (clamp to ``[lo, hi]``: ReLU6,
     Hardtanh; Hardsigmoid, Hardswish) with its exact forward and, backward, a slope whose
     kinks are linear ramps of width ``r`` = :data:`RAMP_WIDTH` x ``w`` (the kink smoothed by
-    a uniform window of ``r``): for a clamp ``1/2 + min(x - lo, hi - x) / r`` limited to
-    ``[floor, 1]``;
-    Hardsigmoid that over ``hi - lo`` = 6; Hardswish ``h(x) + x r(x) / 6`` with ``h`` the
-    exact Hardsigmoid and ``r`` the clamp's ramp slope over ``[-3, 3]`` (without floor),
-    plus ``floor`` at and below -3. ``w`` as for the ReLUs.
+    a uniform window of ``r``): for a clamp ``s(x) = 1/2 + min(x - lo, hi - x) / r``
+    limited to ``[floor, 1]``; Hardsigmoid ``s(x) / 6`` over ``[-3, 3]``; Hardswish ``h(x)
+    + x s(x) / 6`` with ``h`` the exact Hardsigmoid and ``s`` limited to ``[0, 1]``, plus
+    ``floor`` at and below -3. ``w`` as for the ReLUs.
 
     The slope depends on the input only, so the forward computes it (products and
     clamps, no transcendental function: on depthwise fronts these elementwise passes,
@@ -107,7 +105,7 @@ class _SmoothSaturatingFn(torch.autograd.Function):
         q = inv_width.to(xd.dtype) * (1 / RAMP_WIDTH)  # 1 / r, per sample and channel
         # the ramps as one expression: 1/2 + min(x - lo, hi - x) / r
         d = torch.sub(xd, (lo + hi) / 2).abs_().mul_(-q).add_(0.5 + (hi - lo) / 2 * q)
-        if kind == "hardswish":  # h(x) + x r(x) / 6, r the ramp slope in [0, 1]
+        if kind == "hardswish":  # h(x) + x s(x) / 6, s the ramped slope in [0, 1]
             d = d.clamp_(0.0, 1.0).mul_(xd).div_(hi - lo).add_(F.hardsigmoid(xd))
             d.add_(xd.le(lo), alpha=floor)
         else:
