@@ -3,7 +3,7 @@
 ``relu_grad="smooth"`` gives ReLU6 / Hardtanh / Hardsigmoid / Hardswish modules a slope
 whose kinks are linear ramps (products and clamps, :mod:`stitchlab.iris.smooth`). The
 baseline, measured in the same run, is the slope of the softplus-smoothed nonlinearity
-(sigmoids and softplus, stitchlab's smoothing before), kept below as ``_Softplus``; the
+(sigmoids and softplus, stitchlab's smoothing before), kept below as ``_softplus_slope``; the
 exact gradient (no smoothing) is the floor.
 
 Two tables: one op (forward + backward of one activation, channels-last, the size of a
@@ -16,6 +16,7 @@ MobileNet block's expanded map), and one IRI step on the IRI zoo's MobileNet-sty
 from __future__ import annotations
 
 import argparse
+import contextlib
 import time
 from unittest import mock
 
@@ -28,32 +29,25 @@ from stitchlab.iris import generate_iris
 from stitchlab.iris import smooth as smooth_module
 
 
-class _Softplus(torch.autograd.Function):
+def _softplus_slope(xd, inv_width, kind, lo, hi, floor):
     """The baseline: the slope of the softplus-smoothed nonlinearity, ``sigmoid((x - lo) /
     w) - sigmoid((x - hi) / w)`` for a clamp (Hardswish: ``x h'(x) + h(x)`` with ``h`` the
-    softplus-smoothed Hardsigmoid), at least ``floor``."""
+    softplus-smoothed Hardsigmoid), at least ``floor``; it replaces
+    ``stitchlab.iris.smooth._saturating_slope`` where the baseline is timed."""
+    inv = inv_width.to(xd.dtype)
+    a = torch.mul(xd, inv).sub_(lo * inv)
+    b = a - (hi - lo) * inv
+    if kind == "hardswish":
+        h = F.softplus(a).sub_(F.softplus(b)).div_(inv)
+        d = a.sigmoid_().sub_(b.sigmoid_()).mul_(xd).add_(h).div_(hi - lo)
+        return d.add_((xd <= lo).to(d.dtype), alpha=floor)
+    d = a.sigmoid_().sub_(b.sigmoid_()).clamp_min_(floor)
+    return d.div_(hi - lo) if kind == "hardsigmoid" else d
 
-    @staticmethod
-    def forward(ctx, x, inv_width, kind, lo, hi, floor, exact):  # noqa: D102
-        xd = x.detach()
-        inv = inv_width.to(xd.dtype)
-        a = torch.mul(xd, inv).sub_(lo * inv)
-        b = a - (hi - lo) * inv
-        if kind == "hardswish":
-            h = F.softplus(a).sub_(F.softplus(b)).div_(inv)
-            d = a.sigmoid_().sub_(b.sigmoid_()).mul_(xd).add_(h).div_(hi - lo)
-            d.add_((xd <= lo).to(d.dtype), alpha=floor)
-        else:
-            d = a.sigmoid_().sub_(b.sigmoid_()).clamp_min_(floor)
-            if kind == "hardsigmoid":
-                d.div_(hi - lo)
-        ctx.save_for_backward(d)
-        return exact(xd.clone() if getattr(exact, "inplace", False) else xd)
 
-    @staticmethod
-    def backward(ctx, grad):  # noqa: D102
-        (d,) = ctx.saved_tensors
-        return grad * d.to(grad.dtype), None, None, None, None, None, None
+def _softplus():
+    """Context in which the smooth saturating slope is the softplus baseline."""
+    return mock.patch.object(smooth_module, "_saturating_slope", _softplus_slope)
 
 
 KINDS = {"ReLU6": ("clamp", 0.0, 6.0, nn.ReLU6()),
@@ -84,15 +78,15 @@ def op_table(repeats: int, shape=(32, 96, 16, 16)) -> list[str]:
     rows = ["| op | exact ms | ramps ms (now) | softplus ms (before) | before / now |",
             "|---|---|---|---|---|"]  # fmt: skip
     for name, (kind, lo, hi, module) in KINDS.items():
-        def run(fn_class=None, kind=kind, lo=lo, hi=hi, module=module):
+        def run(smooth=False, baseline=False, kind=kind, lo=lo, hi=hi, module=module):
             xr = x.clone().requires_grad_(True)
-            y = module(xr) if fn_class is None else fn_class.apply(
-                xr, inv, kind, lo, hi, 0.05, module)  # fmt: skip
+            with _softplus() if baseline else contextlib.nullcontext():
+                y = module(xr) if not smooth else smooth_module._SmoothSaturatingFn.apply(
+                    xr, inv, kind, lo, hi, 0.05, module)  # fmt: skip
             torch.autograd.grad(y, xr, g)
 
         exact, now, before = _best(
-            [run, lambda run=run: run(smooth_module._SmoothSaturatingFn),
-             lambda run=run: run(_Softplus)], repeats)  # fmt: skip
+            [run, lambda run=run: run(True), lambda run=run: run(True, True)], repeats)
         rows.append(f"| {name} | {1e3 * exact:.2f} | {1e3 * now:.2f} | {1e3 * before:.2f} "
                     f"| {before / now:.2f} |")  # fmt: skip
     return rows
@@ -112,7 +106,7 @@ def step_table(repeats: int, n: int = 32, steps: int = 20) -> list[str]:
         def go():
             if not baseline:
                 return generate_iris(model, "blocks.1", x, **kw)
-            with mock.patch.object(smooth_module, "_SmoothSaturatingFn", _Softplus):
+            with _softplus():
                 return generate_iris(model, "blocks.1", x, **kw)
         return go
 

@@ -85,6 +85,21 @@ def _relu_state(t: Tensor) -> Tensor:
     return t > 0
 
 
+def _saturating_slope(
+    xd: Tensor, inv_width: Tensor, kind: str, lo: float, hi: float, floor: float
+) -> Tensor:
+    """:class:`_SmoothSaturatingFn`'s backward slope at the input ``xd`` (a new tensor in
+    its dtype and memory layout)."""
+    q = inv_width.to(xd.dtype) * (1 / RAMP_WIDTH)  # 1 / r, per sample and channel
+    # the ramps as one expression: 1/2 + min(x - lo, hi - x) / r
+    d = torch.sub(xd, (lo + hi) / 2).abs_().mul_(-q).add_(0.5 + (hi - lo) / 2 * q)
+    if kind == "hardswish":  # h(x) + x s(x) / 6, s the ramped slope in [0, 1]
+        d = d.clamp_(0.0, 1.0).mul_(xd).div_(hi - lo).add_(F.hardsigmoid(xd))
+        return d.add_(xd.le(lo), alpha=floor)
+    d.clamp_(floor, 1.0)
+    return d.div_(hi - lo) if kind == "hardsigmoid" else d
+
+
 class _SmoothSaturatingFn(torch.autograd.Function):
     """A saturating piecewise-linear nonlinearity (clamp to ``[lo, hi]``: ReLU6,
     Hardtanh; Hardsigmoid, Hardswish) with its exact forward and, backward, a slope whose
@@ -102,17 +117,7 @@ class _SmoothSaturatingFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, inv_width, kind, lo, hi, floor, exact):  # noqa: D102
         xd = x.detach()
-        q = inv_width.to(xd.dtype) * (1 / RAMP_WIDTH)  # 1 / r, per sample and channel
-        # the ramps as one expression: 1/2 + min(x - lo, hi - x) / r
-        d = torch.sub(xd, (lo + hi) / 2).abs_().mul_(-q).add_(0.5 + (hi - lo) / 2 * q)
-        if kind == "hardswish":  # h(x) + x s(x) / 6, s the ramped slope in [0, 1]
-            d = d.clamp_(0.0, 1.0).mul_(xd).div_(hi - lo).add_(F.hardsigmoid(xd))
-            d.add_(xd.le(lo), alpha=floor)
-        else:
-            d.clamp_(floor, 1.0)
-            if kind == "hardsigmoid":
-                d.div_(hi - lo)
-        ctx.save_for_backward(d)
+        ctx.save_for_backward(_saturating_slope(xd, inv_width, kind, lo, hi, floor))
         # an in-place module would overwrite its input: it gets a copy
         return exact(xd.clone() if getattr(exact, "inplace", False) else xd)
 
