@@ -102,7 +102,7 @@ def test_the_clamps_slope_has_ramps_of_width_2_pi_w_by_hand():
 
 
 def test_the_hardswish_slope_by_hand():
-    # h(x) + x r(x) / 6 (r: ramps over [-4, -2] and [2, 4]), plus the floor at and below -3
+    # h(x) + x s(x) / 6 (s: ramps over [-4, -2] and [2, 4]), plus the floor at and below -3
     got = _ramp_slope("hardswish", -3.0, 3.0, [-5.0, -3.0, 0.0, 3.0, 5.0], nn.Hardswish())
     assert got == pytest.approx([0.05, -0.25 + 0.05, 0.5, 1.0 + 0.25, 1.0])
 

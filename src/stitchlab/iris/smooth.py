@@ -8,9 +8,9 @@ far below ``relu_floor`` of it. A saturating nonlinearity (a clamp to ``[lo, hi]
 Hardtanh; Hardsigmoid and Hardswish, kinked at -3 and 3) takes its slope with each kink
 made a linear ramp of width ``2 pi w`` (the same variance), at least ``relu_floor``, and a
 max-pooling of non-overlapping windows spreads each window's gradient over its inputs by a
-softmax of ``(x - max) / w``. The smooth gradient is not the error's, so the last steps of a batch
-(and all steps once the nonlinearities' on/off states agree with the sources') take the
-exact one (:class:`_SmoothReLUs`, driven by :mod:`stitchlab.iris.descent`).
+softmax of ``(x - max) / w``. The smooth gradient is not the error's, so the last steps of
+a batch (and all steps once the nonlinearities' on/off states agree with the sources') take
+the exact one (:class:`_SmoothReLUs`, driven by :mod:`stitchlab.iris.descent`).
 """
 
 from __future__ import annotations

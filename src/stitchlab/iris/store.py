@@ -246,7 +246,7 @@ def _iris_set_key(
         "chunk_size": chunk_size,
         "recipe": rec.key_dict(),
     }
-    if rec.relu_grad == "smooth" and smooths_saturating(front):
+    if smooths_saturating(front):  # only a front made for the smooth gradient has them
         key_parts["saturating"] = SATURATING_RULE
     key = hashlib.sha256(json.dumps(key_parts, sort_keys=True).encode()).hexdigest()[:24]
     return rec, dataset, front, dev, key_parts, key
