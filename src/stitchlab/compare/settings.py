@@ -35,7 +35,7 @@ class CompareSettings:
     its images, ``test_fraction`` splits a folder without train/test folders). ``points``:
     ``"depth"``, ``"grid"`` or a list (see the module docstring). ``null_seeds``: random
     fronts per cell (default: ``seeds``; 0 turns the null off). ``iri_steps``: IRI
-    optimisation steps (default: the IRI recipe's, 200 for images and the ``audio``
+    optimisation steps (default: the IRI recipe's, 270 for images and the ``audio``
     preset's 300 for speech models). ``iri_seeds``: each stitch seed on IRIs of its own
     random start (seed k uses IRI seed k), so that the interval includes IRI-generation
     variability; the real front's IRIs then cost ``seeds`` times as much (null fronts

@@ -284,7 +284,7 @@ def generate_iris(
         point: the stitch point whose representation the IRIs must reproduce.
         images: a tensor ``(N, C, H, W)`` (or of another rank with a batch axis first,
             e.g. waveforms ``(N, C, T)``) in the box, or data as for :func:`stitch`.
-        steps: number of optimisation steps (default: the recipe's, 200).
+        steps: number of optimisation steps (default: the recipe's, 270).
         step_size: (initial) step size in box units (default 0.1 for Adam; the paper's
             signed steps use 1/255 at 32x32: ``preset="paper"``).
         seed: seed of the noise start; the result is deterministic for a seed (on one
