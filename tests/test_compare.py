@@ -474,6 +474,19 @@ def test_normalised_score_known_values():
     assert out["normalised_ci_low"] < out["normalised"] < out["normalised_ci_high"]
     flat = normalised_score(v, np.full((1, 400), 0.8), np.full((1, 400), 0.8))
     assert math.isnan(flat["normalised"])  # no room between the floor and the ceiling
+    # a ceiling above the null on average but not in every resample: no number at all
+    # (hand-built: 2 of 40 images separate them, so some resamples draw neither)
+    z, c = np.zeros((1, 40)), np.zeros((1, 40))
+    c[0, :2] = 1.0
+    v = np.full((1, 40), 0.025)
+    assert c.mean() > z.mean()
+    out = normalised_score(v, z, c, reps=500)
+    assert all(math.isnan(out[k]) for k in ("normalised", "normalised_ci_low",
+                                            "normalised_ci_high"))  # fmt: skip
+    # the same images with a ceiling resolved in every resample: a finite ratio
+    c[0, :30] = 1.0
+    out = normalised_score(v, z, c, reps=500)
+    assert out["normalised"] == pytest.approx(0.025 / 0.75)
 
 
 @pytest.fixture(scope="module")

@@ -27,8 +27,9 @@ def normalised_score(
     """``(score - null) / (ceiling - null)`` of three sets of per-image agreements (seeds x
     the same test images, each in [0, 1]) with a percentile bootstrap interval: one image
     resample shared by the three (paired), the seeds of each drawn independently, the
-    ratio of the replicates' means. NaN where the ceiling does not exceed the null (and
-    NaN bounds where a replicate's ceiling does not)."""
+    ratio of the replicates' means. All three are NaN unless every replicate's ceiling
+    exceeds its null: where the ceiling is not resolved above the null, the ratio is
+    unbounded and no number is given."""
     from ..metrics import _agreement_values, _resampled_means
 
     sets = [_agreement_values(v, what) for v, what in ((values, "values"),
@@ -45,17 +46,16 @@ def normalised_score(
         return per_seed[pick, np.arange(reps)[:, None]].mean(axis=1)
 
     score, null, ceiling = (float(v.mean()) for v in sets)
+    if ceiling > null:
+        a, z, c = (replicates(v) for v in sets)
+        if (c - z > 0).all():
+            ratio = (a - z) / (c - z)
+            alpha = (1 - confidence) / 2
+            return {"normalised": (score - null) / (ceiling - null),
+                    "normalised_ci_low": float(np.quantile(ratio, alpha)),
+                    "normalised_ci_high": float(np.quantile(ratio, 1 - alpha))}  # fmt: skip
     nan = float("nan")
-    if not ceiling > null:
-        return {"normalised": nan, "normalised_ci_low": nan, "normalised_ci_high": nan}
-    a, z, c = (replicates(v) for v in sets)
-    out = {"normalised": (score - null) / (ceiling - null)}
-    if (c - z > 0).all():
-        ratio = (a - z) / (c - z)
-        alpha = (1 - confidence) / 2
-        return out | {"normalised_ci_low": float(np.quantile(ratio, alpha)),
-                      "normalised_ci_high": float(np.quantile(ratio, 1 - alpha))}  # fmt: skip
-    return out | {"normalised_ci_low": nan, "normalised_ci_high": nan}
+    return {"normalised": nan, "normalised_ci_low": nan, "normalised_ci_high": nan}
 
 
 def _budget_note(s, b: str, ceiling: float, real: list[dict], top: list[dict]) -> str:

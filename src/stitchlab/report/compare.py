@@ -114,11 +114,10 @@ def _interval(row: pd.Series, key: str, low: str, high: str) -> str:
 
 
 def _ratio(row: pd.Series) -> str:
-    if pd.isna(row["normalised"]):
+    if pd.isna(row["normalised"]):  # the ceiling not resolved above the null
         return "—"
-    bounds = ("" if pd.isna(row["normalised_ci_low"]) else
-              f" [{row['normalised_ci_low']:.2f}, {row['normalised_ci_high']:.2f}]")
-    return f"{row['normalised']:.2f}{bounds}"
+    return (f"{row['normalised']:.2f} [{row['normalised_ci_low']:.2f}, "
+            f"{row['normalised_ci_high']:.2f}]")
 
 
 def write_compare_report(out: str | Path, results: pd.DataFrame, summary: dict[str, Any],
