@@ -8,7 +8,7 @@ options = validation_script("iri_options")
 
 
 def test_parse_options_literals_and_bare_words():
-    assert options.parse_options("steps=360, start='blur'") == {"steps": 360, "start": "blur"}
+    assert options.parse_options("steps=360, start='image'") == {"steps": 360, "start": "image"}
     assert options.parse_options("relu_grad=exact,final_step_size=None") == {
         "relu_grad": "exact", "final_step_size": None,
     }  # fmt: skip

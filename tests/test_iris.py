@@ -90,7 +90,6 @@ def test_options_box_start_optimizer_tolerance(trained):
         dict(optimizer="adam", step_size=0.02),
         dict(optimizer="sign", step_size=1 / 255),
         dict(start="image"),
-        dict(start="blur"),
     ):
         res = generate_iris(model, "blocks.0", x[:16], steps=10, **kw)
         assert res.iris.shape == x[:16].shape

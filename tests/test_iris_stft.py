@@ -57,13 +57,13 @@ def test_first_stft_step_is_the_whitened_gradient():
 
 def test_stft_iris_do_not_depend_on_the_batch_and_stay_in_the_box():
     """Each sample has its own coordinates, moments and smooth-gradient widths: with a
-    start that is per sample (the blurred source), a sample's IRI is the same alone as in
-    its batch; every IRI is in the box."""
+    start that is the same for every sample (the box centre, noise of sd 1e-9), a sample's
+    IRI is the same alone as in its batch; every IRI is in the box."""
     front = nn.Sequential(nn.Conv1d(1, 4, 9, padding=4), nn.ReLU(), nn.Conv1d(4, 4, 9, padding=4),
                           nn.ReLU(), nn.Flatten(), nn.Linear(4 * 200, 2)).eval()  # fmt: skip
     x = torch.randn(3, 1, 200, generator=torch.Generator().manual_seed(5)).mul_(0.5).clamp_(-1, 1)
     kw = dict(preset="audio", steps=40, step_size=0.03, final_step_size=0.003, stft_window=32,
-              relu_grad="smooth", start="blur", precision="float32")  # fmt: skip
+              relu_grad="smooth", start_scale=1e-9, precision="float32")  # fmt: skip
     both = generate_iris(front, "3", x, **kw)
     alone = generate_iris(front, "3", x[1:2], **kw)
     torch.testing.assert_close(alone.iris, both.iris[1:2], atol=1e-5, rtol=1e-4)

@@ -255,21 +255,11 @@ def test_scaled_noise_start_is_quiet_gaussian_in_the_box():
     assert float(centred.iris.mean()) == pytest.approx(0.5, abs=3e-4)  # the box (0, 1)
 
 
-def test_blur_start_smooths_along_time_and_refuses_other_ranks():
-    x = _speechlike(4, 2000)
+def test_removed_blur_start_is_a_clear_error():
+    x = _speechlike(2, 2000)
     model = models.create("wave_cnn", width=8).eval()
-    r = generate_iris(model, "blocks.0", x, steps=0, start="blur", box=(-1.0, 1.0),
-                      precision="float32")  # fmt: skip
-    k = torch.tensor([1.0, 4.0, 6.0, 4.0, 1.0]) / 16
-    ref = x
-    for _ in range(3):
-        ref = torch.nn.functional.conv1d(
-            torch.nn.functional.pad(ref, (2, 2), mode="replicate"), k.view(1, 1, 5)
-        )
-    torch.testing.assert_close(r.iris, ref)
-    mlp = torch.nn.Sequential(torch.nn.Linear(6, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
-    with pytest.raises(ValueError, match="start='blur'"):
-        generate_iris(mlp, "1", torch.rand(4, 6), steps=0, start="blur")
+    with pytest.raises(ValueError, match="start='blur'.*has been removed"):
+        generate_iris(model, "blocks.0", x, steps=0, start="blur", box=(-1.0, 1.0))
 
 
 def test_audio_iris_converge_and_int16_storage_beats_uint8(tmp_path):

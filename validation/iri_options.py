@@ -9,10 +9,10 @@ at the cells where a recipe misses, e.g. more steps, another ReLU gradient or st
 
     python validation/iri_options.py configs/cpu/a_smooth_3fronts.toml --store runs/store \\
         --cells shortcut3:layer2.1,seed1:layer2.1 \\
-        --options "steps=180;steps=360;relu_width=0.1;start='blur', steps=0"
+        --options "steps=180;steps=360;relu_width=0.1;start='image', steps=0"
 
 Options are ``;``-separated sets of ``name=value`` pairs separated by ``,``; values are
-Python literals without commas (``0.1``, ``'blur'``, ``None``), a bare word is a string.
+Python literals without commas (``0.1``, ``'image'``, ``None``), a bare word is a string.
 The empty set is the default recipe.
 """
 
@@ -33,7 +33,7 @@ from stitchlab.report import markdown_table
 
 
 def parse_options(text: str) -> dict:
-    """``"steps=360, start='blur'"`` -> ``{"steps": 360, "start": "blur"}``, checked
+    """``"steps=360, start='image'"`` -> ``{"steps": 360, "start": "image"}``, checked
     against :class:`IRIRecipe` (an unknown name or bad value is a SystemExit)."""
     try:
         out = parse_key_values(filter(None, (p.strip() for p in text.split(","))), "--options")

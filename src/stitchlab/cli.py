@@ -44,7 +44,7 @@ EXAMPLES = {
 
 
 def parse_key_values(items, flag: str = "--option") -> dict:
-    """``["steps=360", "start=blur"]`` -> ``{"steps": 360, "start": "blur"}``: each value
+    """``["steps=360", "start=image"]`` -> ``{"steps": 360, "start": "image"}``: each value
     a Python literal (numbers, tuples, strings, None; never code), a bare word a string;
     a ValueError naming ``flag`` for an item without ``=``."""
     import ast

@@ -93,7 +93,6 @@ def describe_iri_recipe(recipe: dict) -> str:
     start = {
         "noise": "uniform noise over the box",
         "image": "another source of the batch",
-        "blur": "the blurred source",
         "scaled_noise": f"Gaussian noise (sd {recipe['start_scale']:g}) around the box centre",
     }[recipe["start"]]
     grad = {

@@ -9,7 +9,6 @@ result after quantisation to the recipe's storage precision.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .._allocator import keep_freed_memory
@@ -36,32 +35,11 @@ def _start(x: Tensor, recipe: IRIRecipe, gen: torch.Generator) -> Tensor:
     if recipe.start == "scaled_noise":  # quiet Gaussian noise around the box centre
         z = torch.randn(x.shape, generator=gen)
         return ((lo + hi) / 2 + recipe.start_scale * z).clamp(lo, hi).to(x.device, x.dtype)
-    if recipe.start == "image":  # another image of the batch (a derangement)
-        if x.shape[0] < 2:
-            raise ValueError("start='image' needs batches of at least 2 images")
-        shift = int(torch.randint(1, x.shape[0], (1,), generator=gen))
-        return x.roll(shift, dims=0).clone()
-    # blurred copy of the source
-    if x.dim() == 3:  # (N, C, T): the same binomial filter along time
-        k = torch.tensor([1.0, 4.0, 6.0, 4.0, 1.0], device=x.device, dtype=x.dtype) / 16
-        c = x.shape[1]
-        out = x
-        for _ in range(3):
-            out = F.conv1d(F.pad(out, (2, 2), mode="replicate"), k.expand(c, 1, 5), groups=c)
-        return out
-    if x.dim() != 4:
-        raise ValueError(
-            f"start='blur' smooths images (N, C, H, W) and sequences (N, C, T); inputs of "
-            f"shape {tuple(x.shape)} need start='noise', 'scaled_noise' or 'image'"
-        )
-    k = torch.tensor([1.0, 4.0, 6.0, 4.0, 1.0], device=x.device, dtype=x.dtype)
-    k = (k[:, None] * k[None, :]) / 256
-    c = x.shape[1]
-    weight = k.expand(c, 1, 5, 5)
-    out = x
-    for _ in range(3):
-        out = F.conv2d(F.pad(out, (2, 2, 2, 2), mode="replicate"), weight, groups=c)
-    return out
+    # another image of the batch (a derangement)
+    if x.shape[0] < 2:
+        raise ValueError("start='image' needs batches of at least 2 images")
+    shift = int(torch.randint(1, x.shape[0], (1,), generator=gen))
+    return x.roll(shift, dims=0).clone()
 
 
 def _bf16_steps(recipe: IRIRecipe, device: torch.device) -> int:

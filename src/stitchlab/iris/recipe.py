@@ -31,6 +31,7 @@ REMOVED_VALUES = {
     ("optimizer", "lbfgs"): "per-sample L-BFGS", ("optimizer", "l2"): "L2 steps",
     ("relu_grad", "surrogate"): "the surrogate ReLU gradient",
     ("relu_grad", "straight_through"): "the straight-through final ReLU alone",
+    ("start", "blur"): "the blurred source as the start",
     ("amp", "fast"): "bfloat16 on CPUs with AMX, slower than float32 at attention and "
                      "depthwise fronts (docs/iri_zoo.md, run 6); amp='auto' is bfloat16 "
                      "on CUDA and float32 on every CPU",
@@ -84,8 +85,8 @@ class IRIRecipe:
       step>``.
     * ``precision``: how IRIs are stored and so measured: ``"uint8"`` (255 steps over the
       box), ``"int16"`` (65535) or ``"float32"``. ``start``: ``"noise"`` (uniform over the
-      box), ``"scaled_noise"`` (Gaussian of sd ``start_scale`` around the box centre),
-      ``"image"`` (another source of the batch) or ``"blur"`` (the source smoothed).
+      box), ``"scaled_noise"`` (Gaussian of sd ``start_scale`` around the box centre) or
+      ``"image"`` (another source of the batch).
 
     ``preset="paper"`` (:meth:`paper`) is docs/method.md section 3 exactly: 200 signed steps of
     1/255 from uniform noise, the exact gradient, no early stop, float32 on every device.
@@ -96,7 +97,7 @@ class IRIRecipe:
     step_size: float = 0.1
     final_step_size: float | None = 0.01  # geometric decay to this size (None: constant)
     optimizer: Literal["sign", "adam"] = "adam"
-    start: Literal["noise", "image", "blur", "scaled_noise"] = "noise"  # image: another source
+    start: Literal["noise", "image", "scaled_noise"] = "noise"  # image: another source
     tolerance: float | None = 0.01  # a sample stops once its relative error is below
     keep_converged: bool = True  # a sample that meets the tolerance keeps that iterate
     box: tuple[float, float] = (0.0, 1.0)
