@@ -264,7 +264,8 @@ def test_removed_presets_and_options_are_refused_by_name():
         with pytest.raises(ValueError, match=f"preset '{old}' was an earlier default"):
             IRIRecipe.from_kwargs(preset=old)
     for name, value in (("optimizer", "lbfgs"), ("optimizer", "l2"),
-                        ("relu_grad", "surrogate"), ("relu_grad", "straight_through")):  # fmt: skip
+                        ("relu_grad", "surrogate"), ("relu_grad", "straight_through"),
+                        ("start", "blur")):  # fmt: skip
         with pytest.raises(ValueError, match=f"{name}='{value}' .* has been removed"):
             IRIRecipe.from_kwargs(**{name: value})
     for name, value in (("relu_slope", 0.1), ("history", 20), ("colour_basis", "opponent"),

@@ -255,13 +255,6 @@ def test_scaled_noise_start_is_quiet_gaussian_in_the_box():
     assert float(centred.iris.mean()) == pytest.approx(0.5, abs=3e-4)  # the box (0, 1)
 
 
-def test_removed_blur_start_is_a_clear_error():
-    x = _speechlike(2, 2000)
-    model = models.create("wave_cnn", width=8).eval()
-    with pytest.raises(ValueError, match="start='blur'.*has been removed"):
-        generate_iris(model, "blocks.0", x, steps=0, start="blur", box=(-1.0, 1.0))
-
-
 def test_audio_iris_converge_and_int16_storage_beats_uint8(tmp_path):
     torch.manual_seed(0)
     model = models.create("wave_cnn", width=8).eval()

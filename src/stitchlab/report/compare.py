@@ -107,17 +107,10 @@ def _digits(v: float, digits: int) -> str:
     return "—" if pd.isna(v) else f"{v:.{digits}f}"
 
 
-def _interval(row: pd.Series, key: str, low: str, high: str) -> str:
-    if pd.isna(row[key]):
+def _interval(row: pd.Series, key: str, low: str, high: str, digits: int = 1) -> str:
+    if pd.isna(row[key]):  # (the normalised score: the ceiling not resolved above the null)
         return "—"
-    return f"{fmt(row[key])} [{fmt(row[low])}, {fmt(row[high])}]"
-
-
-def _ratio(row: pd.Series) -> str:
-    if pd.isna(row["normalised"]):  # the ceiling not resolved above the null
-        return "—"
-    return (f"{row['normalised']:.2f} [{row['normalised_ci_low']:.2f}, "
-            f"{row['normalised_ci_high']:.2f}]")
+    return f"{fmt(row[key], digits)} [{fmt(row[low], digits)}, {fmt(row[high], digits)}]"
 
 
 def write_compare_report(out: str | Path, results: pd.DataFrame, summary: dict[str, Any],
@@ -157,7 +150,8 @@ def write_compare_report(out: str | Path, results: pd.DataFrame, summary: dict[s
                                             "excess_ci_high") for _, r in results.iterrows()],
         "ceiling [CI]": [_interval(r, "ceiling_agreement", "ceiling_ci_low", "ceiling_ci_high")
                          for _, r in results.iterrows()],
-        "normalised [CI]": [_ratio(r) for _, r in results.iterrows()],
+        "normalised [CI]": [_interval(r, "normalised", "normalised_ci_low",
+                                      "normalised_ci_high", 2) for _, r in results.iterrows()],
         "budget-limited": ["yes" if v else "no" for v in results["budget_limited"]],
         "seeds": results["seeds"],
         "IRI median error": [_digits(v, 3) for v in results["iri_median_error"]],
